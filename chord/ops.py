@@ -1,0 +1,373 @@
+"""Chord's operators: torch.library custom ops (namespace ``chord``) and their Python wrappers.
+
+Raw ops (what the ``humming`` shim and torch.compile see) take plain tensors and a schedule id,
+write into a caller-given ``out`` and return nothing::
+
+    torch.ops.chord.gemm_indexed(x, qweight, scales, sorted_ids, expert_ids,
+                                 num_tokens_post_padded, out, top_k, block_m, schedule)
+    torch.ops.chord.gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+    torch.ops.chord.gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule)
+
+Every argument is checked on the host (dtype, device, shape, contiguity: a ValueError/TypeError
+naming the argument) before any launch; device tensors are never read on the host, so the ops
+are CUDA-graph capturable. The wrappers (:func:`gemm_indexed`, :func:`gemm_contiguous`,
+:func:`gemm_masked`) take a :class:`chord.formats.PackedExperts` and pick the schedule with
+:func:`chord.schedule.select` when none is given. :func:`fused_moe` composes a whole MoE layer.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from chord import jit
+from chord.profiling import nvtx_range
+from chord.schedule import Problem, Schedule, default_deployment, load_profile, select
+
+if TYPE_CHECKING:  # pragma: no cover
+    from chord.formats import PackedExperts
+
+__all__ = ["gemm_indexed", "gemm_contiguous", "gemm_masked", "fused_moe", "silu_and_mul", "check_cuda_sm90"]
+
+
+# ---------------------------------------------------------------------------------------------
+# argument checks (host only)
+
+
+def _check_tensor(name: str, t, dtype=None, dim=None, device=None, contiguous=True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in allowed:
+            want = " or ".join(str(d).replace("torch.", "") for d in allowed)
+            raise TypeError(f"{name} must have dtype {want}, got {str(t.dtype).replace('torch.', '')}")
+    if dim is not None:
+        dims = dim if isinstance(dim, tuple) else (dim,)
+        if t.dim() not in dims:
+            raise ValueError(f"{name} must be {' or '.join(f'{d}-D' for d in dims)}, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (like x), got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+
+
+def _check_weights(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int]:
+    _check_tensor("x", x, torch.bfloat16, (2, 3))
+    dev = x.device
+    _check_tensor("qweight", qweight, torch.int32, 5, dev)
+    _check_tensor("scales", scales, torch.bfloat16, 6, dev)
+    _check_tensor("out", out, torch.bfloat16, (2, 3), dev)
+    e, nt, kb, lanes, words = qweight.shape
+    if lanes != 32 or words != 4:
+        raise ValueError(f"qweight must have the swap16 layout [E, N/16, K/64, 32, 4], got {tuple(qweight.shape)}")
+    if tuple(scales.shape) != (e, nt, kb, 8, 2, 2):
+        raise ValueError(f"scales must have shape {(e, nt, kb, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
+    n, k = nt * 16, kb * 64
+    if x.shape[-1] != k:
+        raise ValueError(f"x must have K={k} columns (qweight's K), got {x.shape[-1]}")
+    if out.shape[-1] != n:
+        raise ValueError(f"out must have N={n} columns (qweight's N), got {out.shape[-1]}")
+    return e, n, k
+
+
+def _check_schedule(schedule: str, family: str, n: int) -> Schedule:
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be a schedule id string, got {type(schedule).__name__}")
+    s = Schedule.from_id(schedule)
+    if s.family != family:
+        raise ValueError(f"schedule {schedule} is for family {s.family}, not {family}")
+    if n % s.block_n:
+        raise ValueError(f"schedule {schedule}: block_n={s.block_n} does not divide N={n}")
+    return s
+
+
+def check_cuda_sm90(t: torch.Tensor, name: str = "x") -> None:
+    """Chord's kernels run on CUDA devices of compute capability 9.0 (sm_90a) only."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor (Chord's kernels need an sm_90a GPU), got device {t.device}; "
+                         "use chord.reference for the float32 reference on CPU")
+    cap = torch.cuda.get_device_capability(t.device)
+    if cap != (9, 0):
+        raise ValueError(f"{name} is on a GPU of compute capability {cap[0]}.{cap[1]}; Chord's kernels need 9.0 (Hopper, sm_90a)")
+
+
+def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes) -> None:
+    kernel = jit.kernel_for_schedule(sched)
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream)
+
+
+# ---------------------------------------------------------------------------------------------
+# indexed
+
+
+def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule):
+    e, n, k = _check_weights(x, qweight, scales, out)
+    dev = x.device
+    if x.dim() != 2 or out.dim() != 2:
+        raise ValueError(f"indexed: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
+    _check_tensor("sorted_ids", sorted_ids, torch.int32, 1, dev)
+    _check_tensor("expert_ids", expert_ids, torch.int32, 1, dev)
+    _check_tensor("num_tokens_post_padded", num_tokens_post_padded, torch.int32, 1, dev)
+    if num_tokens_post_padded.numel() < 1:
+        raise ValueError("num_tokens_post_padded must hold one element")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    s = _check_schedule(schedule, "indexed", n)
+    if block_m != s.block_m:
+        raise ValueError(f"block_m={block_m} (the routing's block size) must equal the schedule's block_m={s.block_m}")
+    if out.shape[0] < x.shape[0] * top_k:
+        raise ValueError(f"out must have at least x.shape[0]*top_k={x.shape[0] * top_k} rows, got {out.shape[0]}")
+    if sorted_ids.numel() // block_m > expert_ids.numel():
+        raise ValueError(f"expert_ids must hold one entry per block of sorted_ids "
+                         f"({sorted_ids.numel() // block_m}), got {expert_ids.numel()}")
+    return s, e, n, k
+
+
+@torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
+def _gemm_indexed_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sorted_ids: torch.Tensor,
+                     expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor, out: torch.Tensor, top_k: int,
+                     block_m: int, schedule: str) -> None:
+    s, e, n, k = _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
+                                   block_m, schedule)
+    check_cuda_sm90(x)
+    num_blocks = sorted_ids.numel() // block_m
+    if num_blocks == 0 or x.shape[0] == 0:
+        return
+    params = jit.pack_gemm_params(
+        x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
+        sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
+        num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
+        num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks)
+    with nvtx_range("gemm_indexed", s.id):
+        _launch(s, (num_blocks, n // s.block_n, 1), x, params)
+
+
+@_gemm_indexed_op.register_fake
+def _(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule):
+    _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule)
+
+
+# ---------------------------------------------------------------------------------------------
+# grouped contiguous
+
+
+def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
+    e, n, k = _check_weights(x, qweight, scales, out)
+    if x.dim() != 2 or out.dim() != 2:
+        raise ValueError(f"grouped_contiguous: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
+    _check_tensor("expert_offsets", expert_offsets, torch.int64, 1, x.device)
+    if expert_offsets.numel() != e + 1:
+        raise ValueError(f"expert_offsets must have E+1={e + 1} entries, got {expert_offsets.numel()}")
+    if out.shape[0] < x.shape[0]:
+        raise ValueError(f"out must have at least as many rows as x ({x.shape[0]}), got {out.shape[0]}")
+    return _check_schedule(schedule, "grouped_contiguous", n), e, n, k
+
+
+@torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
+def _gemm_contiguous_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_offsets: torch.Tensor,
+                        out: torch.Tensor, schedule: str) -> None:
+    s, e, n, k = _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+    check_cuda_sm90(x)
+    rows = x.shape[0]
+    if rows == 0:
+        return
+    grid_x = (rows + s.block_m - 1) // s.block_m + e  # upper bound on per-expert tiles
+    params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
+                                  out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
+                                  num_experts=e)
+    with nvtx_range("gemm_contiguous", s.id):
+        _launch(s, (grid_x, n // s.block_n, 1), x, params)
+
+
+@_gemm_contiguous_op.register_fake
+def _(x, qweight, scales, expert_offsets, out, schedule):
+    _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+
+
+# ---------------------------------------------------------------------------------------------
+# grouped masked
+
+
+def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
+    e, n, k = _check_weights(x, qweight, scales, out)
+    _check_tensor("expert_num_tokens", expert_num_tokens, torch.int32, 1, x.device)
+    if expert_num_tokens.numel() != e:
+        raise ValueError(f"expert_num_tokens must have E={e} entries, got {expert_num_tokens.numel()}")
+    if x.dim() == 3:
+        if x.shape[0] != e:
+            raise ValueError(f"x must be [E={e}, max_rows, K], got {tuple(x.shape)}")
+        max_rows = x.shape[1]
+    else:
+        if x.shape[0] % e:
+            raise ValueError(f"2-D x must have E*max_rows rows (a multiple of E={e}), got {x.shape[0]}")
+        max_rows = x.shape[0] // e
+    if out.numel() // n != e * max_rows:
+        raise ValueError(f"out must hold E*max_rows={e * max_rows} rows of N={n}, got {tuple(out.shape)}")
+    return _check_schedule(schedule, "grouped_masked", n), e, n, k, max_rows
+
+
+@torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))
+def _gemm_masked_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_num_tokens: torch.Tensor,
+                    out: torch.Tensor, schedule: str) -> None:
+    s, e, n, k, max_rows = _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
+    check_cuda_sm90(x)
+    if max_rows == 0:
+        return
+    tiles = (max_rows + s.block_m - 1) // s.block_m
+    params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
+                                  out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
+                                  num_experts=e, max_rows=max_rows)
+    with nvtx_range("gemm_masked", s.id):
+        _launch(s, (e * tiles, n // s.block_n, 1), x, params)
+
+
+@_gemm_masked_op.register_fake
+def _(x, qweight, scales, expert_num_tokens, out, schedule):
+    _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
+
+
+# ---------------------------------------------------------------------------------------------
+# wrappers
+
+
+def _check_packed(name: str, w) -> None:
+    from chord.formats import PackedExperts
+
+    if not isinstance(w, PackedExperts):
+        raise TypeError(f"{name} must be a chord.formats.PackedExperts (use chord.formats.pack_experts), "
+                        f"got {type(w).__name__}")
+
+
+def _profile_for(w: "PackedExperts", profile, decode: bool):
+    if profile is not None:
+        return load_profile(profile)
+    return load_profile(f"h200:{default_deployment(w.num_experts, w.n, w.k, decode=decode)}")
+
+
+def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optional[int] = None,
+                 out: Optional[torch.Tensor] = None, schedule: Schedule | str | None = None,
+                 profile=None) -> torch.Tensor:
+    """out[sorted_id] = x[sorted_id // top_k] @ W[expert]^T for every routed row of `routing`
+    (a chord.routing.IndexedRouting built with the schedule's block_m)."""
+    _check_packed("w", w)
+    top_k = routing.top_k if top_k is None else top_k
+    if schedule is None:
+        prob = Problem("indexed", w.num_experts, w.n, w.k, rows=x.shape[0] * top_k, top_k=top_k)
+        schedule = select(_profile_for(w, profile, decode=False), prob)
+        if schedule.block_m != routing.block_m:
+            schedule = Schedule("indexed", routing.block_m, schedule.block_n, schedule.warps, schedule.stages,
+                                schedule.ctas_per_sm)
+    sid = schedule.id if isinstance(schedule, Schedule) else schedule
+    if out is None:
+        out = torch.empty(x.shape[0] * top_k, w.n, dtype=torch.bfloat16, device=x.device)
+    torch.ops.chord.gemm_indexed(x, w.qweight, w.scales, routing.sorted_ids, routing.expert_ids,
+                                 routing.num_tokens_post_padded, out, top_k, routing.block_m, sid)
+    return out
+
+
+def gemm_contiguous(x: torch.Tensor, w: "PackedExperts", expert_offsets: torch.Tensor, *,
+                    out: Optional[torch.Tensor] = None, schedule: Schedule | str | None = None,
+                    profile=None) -> torch.Tensor:
+    """Rows [off[e], off[e+1]) of x times expert e's weights; rows past off[E] are not written."""
+    _check_packed("w", w)
+    if schedule is None:
+        prob = Problem("grouped_contiguous", w.num_experts, w.n, w.k, rows=x.shape[0])
+        schedule = select(_profile_for(w, profile, decode=False), prob)
+    sid = schedule.id if isinstance(schedule, Schedule) else schedule
+    if out is None:
+        out = torch.empty(x.shape[0], w.n, dtype=torch.bfloat16, device=x.device)
+    torch.ops.chord.gemm_contiguous(x, w.qweight, w.scales, expert_offsets, out, sid)
+    return out
+
+
+def gemm_masked(x: torch.Tensor, w: "PackedExperts", expert_num_tokens: torch.Tensor, *,
+                out: Optional[torch.Tensor] = None, schedule: Schedule | str | None = None,
+                profile=None, expected_rows: Optional[int] = None) -> torch.Tensor:
+    """x [E, max_rows, K]: the first expert_num_tokens[e] rows of expert e times its weights.
+    `expected_rows` (host int, total valid rows expected) drives the schedule; default E*max_rows/4."""
+    _check_packed("w", w)
+    if schedule is None:
+        max_rows = x.shape[1] if x.dim() == 3 else x.shape[0] // max(w.num_experts, 1)
+        rows = expected_rows if expected_rows is not None else w.num_experts * max_rows
+        prob = Problem("grouped_masked", w.num_experts, w.n, w.k, rows=rows)
+        schedule = select(_profile_for(w, profile, decode=True), prob)
+    sid = schedule.id if isinstance(schedule, Schedule) else schedule
+    if out is None:
+        out = torch.empty(*x.shape[:-1], w.n, dtype=torch.bfloat16, device=x.device)
+    torch.ops.chord.gemm_masked(x, w.qweight, w.scales, expert_num_tokens, out, sid)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """vLLM's w13 layout: first half gate, second half up; silu(gate) * up in float32 -> bf16."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul: last dimension must be even, got {x.shape[-1]}")
+    gate, up = x.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+
+
+def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExperts", topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, *, family: str = "indexed", expert_map: Optional[torch.Tensor] = None,
+              profile=None) -> torch.Tensor:
+    """A whole MoE layer: routing -> gate_up -> SiLU-GLU -> down -> top-k weighted sum (bf16 out).
+
+    family: "indexed" (vLLM moe_align contract), "grouped_contiguous" or "grouped_masked".
+    """
+    from chord import routing as R
+
+    _check_packed("w13", w13)
+    _check_packed("w2", w2)
+    _check_tensor("hidden_states", hidden_states, torch.bfloat16, 2)
+    _check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), 2, hidden_states.device)
+    _check_tensor("topk_weights", topk_weights, (torch.float32, torch.bfloat16, torch.float16), 2,
+                  hidden_states.device, contiguous=False)
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}")
+    if w13.num_experts != w2.num_experts:
+        raise ValueError(f"w13 and w2 must have the same number of experts, got {w13.num_experts} and {w2.num_experts}")
+    if w13.n != 2 * w2.k:
+        raise ValueError(f"w13 must have N = 2 * w2's K ({2 * w2.k}) for SiLU-GLU, got {w13.n}")
+    if w2.n != hidden_states.shape[1] or w13.k != hidden_states.shape[1]:
+        raise ValueError(f"hidden_states must have K = w13.k = w2.n = {w13.k}, got {hidden_states.shape[1]}")
+    m, top_k = topk_ids.shape
+    e = w13.num_experts
+    rows = m * top_k
+    prof = _profile_for(w13, profile, decode=False)
+
+    with nvtx_range("fused_moe", family):
+        if family == "indexed":
+            s1 = select(prof, Problem("indexed", e, w13.n, w13.k, rows, top_k))
+            s2 = select(prof, Problem("indexed", e, w2.n, w2.k, rows, 1))
+            r1 = R.align_block_size(topk_ids, s1.block_m, e, expert_map=expert_map)
+            r2 = r1 if s2.block_m == s1.block_m else R.align_block_size(topk_ids, s2.block_m, e, expert_map=expert_map)
+            inter = torch.full((rows, w13.n), 0, dtype=torch.bfloat16, device=hidden_states.device)
+            gemm_indexed(hidden_states, w13, r1, top_k=top_k, out=inter, schedule=s1)
+            act = silu_and_mul(inter)
+            down = torch.zeros(rows, w2.n, dtype=torch.bfloat16, device=hidden_states.device)
+            gemm_indexed(act, w2, r2, top_k=1, out=down, schedule=s2)
+            valid = _valid_slots(topk_ids, expert_map, e)
+            wts = (topk_weights.float() * valid).view(m, top_k, 1)
+            return (down.float().view(m, top_k, -1) * wts).sum(1).to(torch.bfloat16)
+        if family == "grouped_contiguous":
+            lay = R.contiguous_layout(hidden_states, topk_ids, e, expert_map=expert_map)
+            inter = gemm_contiguous(lay.x, w13, lay.expert_offsets, profile=prof)
+            act = silu_and_mul(inter)
+            down = gemm_contiguous(act, w2, lay.expert_offsets, profile=prof)
+            return R.unpermute_contiguous(down, lay, topk_weights, m).to(torch.bfloat16)
+        if family == "grouped_masked":
+            lay = R.masked_layout(hidden_states, topk_ids, e, expert_map=expert_map)
+            inter = gemm_masked(lay.x, w13, lay.expert_num_tokens, profile=prof, expected_rows=rows)
+            act = silu_and_mul(inter)
+            down = gemm_masked(act, w2, lay.expert_num_tokens, profile=prof, expected_rows=rows)
+            return R.unpermute_masked(down, lay, topk_weights, m).to(torch.bfloat16)
+    raise ValueError(f"family must be one of indexed, grouped_contiguous, grouped_masked; got {family!r}")
+
+
+def _valid_slots(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int) -> torch.Tensor:
+    if expert_map is None:
+        return ((topk_ids >= 0) & (topk_ids < num_experts)).float()
+    local = expert_map[topk_ids.clamp(min=0).long()]
+    return ((topk_ids >= 0) & (local >= 0)).float()

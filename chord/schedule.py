@@ -1,0 +1,316 @@
+"""Schedules (every kernel knob), problems (host-known shape integers) and the selection policy.
+
+This is the one place where a shape becomes a kernel choice. ``select(profile, problem)`` is a
+pure function of host integers (it never reads a device tensor, so it never syncs and is safe
+under CUDA-graph capture), memoized per (profile, problem).
+
+Profiles (``profiles/<gpu>.json``) hold one entry per deployment (``ep8-prefill``,
+``ep8-decode``, ``tp8``), each a list of rules per family ordered by
+``max_rows_per_expert``; the first rule whose bound covers the problem's expected rows per
+expert gives the schedule, which is then fitted to N (block_n must divide N).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+from chord._resources import profiles_dir
+
+FAMILIES = ("indexed", "grouped_contiguous", "grouped_masked")
+_FAMILY_TAG = {"indexed": "idx", "grouped_contiguous": "gcon", "grouped_masked": "gmsk"}
+_TAG_FAMILY = {v: k for k, v in _FAMILY_TAG.items()}
+K_BLOCK = 64  # K elements per pipeline stage (fixed by the swap16 layout)
+MAX_SMEM_PER_CTA = 227 * 1024
+
+
+def _check_family(family: str) -> str:
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    return family
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Every knob of one kernel instantiation. ``id`` is stable and readable."""
+
+    family: str
+    block_m: int  # token rows per CTA tile (indexed: = moe_align block size)
+    block_n: int  # output features per CTA
+    warps: int = 4  # warps per CTA; each owns block_n / warps features
+    stages: int = 4  # cp.async pipeline depth (K blocks of 64 in flight)
+    ctas_per_sm: int = 1  # __launch_bounds__ min blocks per SM (register budget)
+
+    def __post_init__(self) -> None:
+        _check_family(self.family)
+        if self.block_m % 8 or not 8 <= self.block_m <= 128:
+            raise ValueError(f"block_m must be a multiple of 8 in [8, 128], got {self.block_m}")
+        if self.warps not in (1, 2, 4, 8):
+            raise ValueError(f"warps must be 1, 2, 4 or 8, got {self.warps}")
+        if self.block_n <= 0 or self.block_n % (16 * self.warps):
+            raise ValueError(f"block_n must be a positive multiple of 16*warps={16 * self.warps}, got {self.block_n}")
+        if not 2 <= self.stages <= 12:
+            raise ValueError(f"stages must be in [2, 12], got {self.stages}")
+        if self.ctas_per_sm not in (1, 2, 3, 4):
+            raise ValueError(f"ctas_per_sm must be in 1..4, got {self.ctas_per_sm}")
+        if self.smem_bytes > MAX_SMEM_PER_CTA:
+            raise ValueError(f"schedule {self.id} needs {self.smem_bytes} B of shared memory (> {MAX_SMEM_PER_CTA})")
+
+    @property
+    def id(self) -> str:
+        return (f"{_FAMILY_TAG[self.family]}-m{self.block_m}n{self.block_n}k{K_BLOCK}"
+                f"-w{self.warps}-s{self.stages}-c{self.ctas_per_sm}")
+
+    @property
+    def threads(self) -> int:
+        return self.warps * 32
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the pipeline, or the epilogue tile if larger (mirrors Swap16Config)."""
+        n_tiles = self.block_n // 16
+        stage = n_tiles * 512 + n_tiles * 64 + self.block_m * K_BLOCK * 2
+        epilogue = self.block_m * (self.block_n + 8) * 2
+        return max(self.stages * stage, epilogue)
+
+    @classmethod
+    def from_id(cls, text: str) -> "Schedule":
+        return _parse_id(text)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+_ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)$")
+
+
+@lru_cache(maxsize=512)
+def _parse_id(text: str) -> Schedule:
+    m = _ID_RE.match(text)
+    if not m:
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1")
+    tag, bm, bn, w, s, c = m.groups()
+    return Schedule(_TAG_FAMILY[tag], int(bm), int(bn), int(w), int(s), int(c))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Host-known integers of one GEMM call (never device values)."""
+
+    family: str
+    num_experts: int  # local experts in the weight tensor
+    n: int
+    k: int
+    rows: int  # routed rows of this call (indexed: M*top_k; grouped: rows in the layout)
+    top_k: int = 1
+
+    def __post_init__(self) -> None:
+        _check_family(self.family)
+        for name in ("num_experts", "n", "k", "top_k"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Problem.{name} must be positive, got {getattr(self, name)}")
+        if self.rows < 0:
+            raise ValueError(f"Problem.rows must be >= 0, got {self.rows}")
+
+    @property
+    def rows_per_expert(self) -> float:
+        """Expected rows per local expert (tok_e): what decides the schedule."""
+        return self.rows / self.num_experts
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    max_rows_per_expert: float
+    schedule: dict
+    why: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    gpu: str
+    deployment: str
+    rules: dict  # family -> tuple[Rule, ...]
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.gpu}:{self.deployment}"
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileFile:
+    gpu: str
+    deployments: dict  # name -> Profile
+    path: str = ""
+    extra_n: tuple = field(default=(256, 512, 2048, 4096, 7168))
+
+    def profile(self, deployment: str) -> Profile:
+        try:
+            return self.deployments[deployment]
+        except KeyError:
+            raise ValueError(f"deployment must be one of {sorted(self.deployments)} in {self.path}, got {deployment!r}") from None
+
+    def all_schedules(self) -> list[Schedule]:
+        """Every schedule any deployment can select for the Kimi K2 shapes (what precompile builds)."""
+        out: dict[str, Schedule] = {}
+        for prof in self.deployments.values():
+            for family, rules in prof.rules.items():
+                for rule in rules:
+                    for n in self.extra_n:
+                        s = _fit_schedule(family, rule.schedule, n)
+                        out[s.id] = s
+        return list(out.values())
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What select() chose, what it considered and why (what a notebook shows)."""
+
+    problem: Problem
+    schedule: Schedule
+    profile: str
+    candidates: tuple
+    reason: str
+
+
+def _profile_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".json" and p.exists():
+        return p
+    user = os.environ.get("CHORD_PROFILE_DIR")
+    for root in ([Path(user)] if user else []) + [profiles_dir()]:
+        cand = root / f"{name_or_path}.json"
+        if cand.exists():
+            return cand
+    raise ValueError(f"profile {name_or_path!r} not found (looked in CHORD_PROFILE_DIR and {profiles_dir()})")
+
+
+@lru_cache(maxsize=16)
+def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
+    path = _profile_path(name_or_path)
+    data = json.loads(path.read_text())
+    deployments = {}
+    for dep, body in data["deployments"].items():
+        rules = {}
+        for family, items in body["families"].items():
+            _check_family(family)
+            parsed = tuple(
+                Rule(float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"]),
+                     {k: v for k, v in r.items() if k in ("block_m", "block_n", "warps", "stages", "ctas_per_sm")},
+                     r.get("why", ""))
+                for r in items
+            )
+            bounds = [r.max_rows_per_expert for r in parsed]
+            if bounds != sorted(bounds) or bounds[-1] != float("inf"):
+                raise ValueError(f"{path}: rules of {dep}/{family} must be sorted and end with max_rows_per_expert=null")
+            rules[family] = parsed
+        deployments[dep] = Profile(data["gpu"], dep, rules, str(path))
+    return ProfileFile(data["gpu"], deployments, str(path))
+
+
+def load_profile(spec: str | Profile = "h200:ep8-prefill") -> Profile:
+    """`"h200:tp8"` (file:deployment) or a Profile (returned as is)."""
+    if isinstance(spec, Profile):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"profile must be a str like 'h200:tp8' or a Profile, got {type(spec).__name__}")
+    file, _, dep = spec.partition(":")
+    pf = load_profile_file(file or "h200")
+    return pf.profile(dep or "ep8-prefill")
+
+
+def default_deployment(num_experts: int, n: int, k: int, decode: bool = False) -> str:
+    """The deployment a weight shape belongs to (fixed at load time)."""
+    if num_experts >= 256:
+        return "tp8"
+    return "ep8-decode" if decode else "ep8-prefill"
+
+
+def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
+    """Schedule from rule knobs, with block_n reduced until it divides n."""
+    bm = int(knobs["block_m"])
+    bn = int(knobs.get("block_n", 128))
+    warps = int(knobs.get("warps", 4))
+    stages = int(knobs.get("stages", 4))
+    ctas = int(knobs.get("ctas_per_sm", 1))
+    if n % 16:
+        raise ValueError(f"n must be a multiple of 16 for the swap16 layout, got {n}")
+    while n % bn:
+        bn //= 2
+        if bn < 16 * warps:
+            warps = max(1, warps // 2)
+    while bn % (16 * warps):
+        warps //= 2
+    return Schedule(family, bm, bn, warps, stages, ctas)
+
+
+def _rule_for(rules: tuple, rows_per_expert: float) -> Rule:
+    for r in rules:
+        if rows_per_expert <= r.max_rows_per_expert:
+            return r
+    return rules[-1]
+
+
+@lru_cache(maxsize=4096)
+def _explain(profile: Profile, problem: Problem) -> Decision:
+    rules = profile.rules.get(problem.family)
+    if not rules:
+        raise ValueError(f"profile {profile.name} has no rules for family {problem.family!r}")
+    rpe = problem.rows_per_expert
+    chosen = _rule_for(rules, rpe)
+    cands = tuple(_fit_schedule(problem.family, r.schedule, problem.n) for r in rules)
+    sched = _fit_schedule(problem.family, chosen.schedule, problem.n)
+    bound = "inf" if math.isinf(chosen.max_rows_per_expert) else f"{chosen.max_rows_per_expert:g}"
+    reason = (f"{rpe:.2f} rows/expert <= {bound} -> {sched.id}"
+              + (f" ({chosen.why})" if chosen.why else ""))
+    dec = Decision(problem, sched, profile.name, cands, reason)
+    if os.environ.get("CHORD_PRINT_SCHEDULES", "0") not in ("", "0"):
+        print(f"[chord] {profile.name} {problem}: {reason}")
+    return dec
+
+
+def explain(profile: Profile | str, problem: Problem) -> Decision:
+    return _explain(load_profile(profile), problem)
+
+
+def select(profile: Profile | str, problem: Problem) -> Schedule:
+    """The schedule for `problem` under `profile`: pure function of host integers, memoized."""
+    return _explain(load_profile(profile), problem).schedule
+
+
+def schedule_table(profile: Profile | str, family: str, num_experts: int, n: int, k: int,
+                   top_k: int = 1) -> list[tuple[int, int, Schedule]]:
+    """The profile as `(min_rows, max_rows, schedule)` rows over routed rows (exclusive lower,
+    inclusive upper bound), e.g. for vLLM's tuning-config rows. The last max is 2**31-1."""
+    prof = load_profile(profile)
+    rules = prof.rules.get(_check_family(family))
+    if not rules:
+        raise ValueError(f"profile {prof.name} has no rules for family {family!r}")
+    out = []
+    lo = 0
+    for r in rules:
+        hi = 2**31 - 1 if math.isinf(r.max_rows_per_expert) else int(math.floor(r.max_rows_per_expert * num_experts))
+        if hi > lo:
+            out.append((lo, hi, _fit_schedule(family, r.schedule, n)))
+            lo = hi
+    return out
+
+
+def override(schedule: Schedule, **knobs) -> Schedule:
+    """A copy with some knobs changed (what notebooks use to switch an optimization off)."""
+    return replace(schedule, **knobs)
+
+
+def as_dict(schedule: Schedule) -> dict:
+    d = asdict(schedule)
+    d["id"] = schedule.id
+    return d
+
+
+def iter_schedules(profile_file: str = "h200") -> Iterable[Schedule]:
+    return load_profile_file(profile_file).all_schedules()
