@@ -337,8 +337,8 @@ class Kernel:
             return  # nothing to do; a zero-size grid is not an error for us
         fn = self.function(device_index)
         buf = ctypes.create_string_buffer(params, len(params))
-        arg = ctypes.c_void_p(ctypes.addressof(buf))
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+        # kernelParams[i] points at the i-th argument's value; our one argument is the struct.
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
         drv = driver()
         smem = self.smem_bytes if smem_bytes is None else smem_bytes
         drv.check(drv.lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
