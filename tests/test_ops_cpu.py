@@ -1,0 +1,91 @@
+"""Argument checking of the chord ops, on CPU: every bad input gets a clear error naming the
+argument before any launch, and the fake (meta) implementations trace under FakeTensorMode."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import chord.ops  # noqa: F401  (registers torch.ops.chord.*)
+from chord.schedule import Schedule
+
+E, N, K = 3, 256, 512
+
+
+def weights(e=E, n=N, k=K):
+    return (torch.zeros(e, n // 16, k // 64, 32, 4, dtype=torch.int32),
+            torch.ones(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16))
+
+
+def indexed_args(**over):
+    qw, sc = weights()
+    m, top_k, bm = 5, 2, 8
+    a = dict(x=torch.randn(m, K).bfloat16(), qweight=qw, scales=sc,
+             sorted_ids=torch.full((64,), m * top_k, dtype=torch.int32),
+             expert_ids=torch.zeros(8, dtype=torch.int32),
+             num_tokens_post_padded=torch.tensor([8], dtype=torch.int32),
+             out=torch.empty(m * top_k, N, dtype=torch.bfloat16), top_k=top_k, block_m=bm,
+             schedule=Schedule("indexed", bm, 128, 4, 4, 1).id)
+    a.update(over)
+    return a
+
+
+def call_indexed(a):
+    torch.ops.chord.gemm_indexed(a["x"], a["qweight"], a["scales"], a["sorted_ids"], a["expert_ids"],
+                                 a["num_tokens_post_padded"], a["out"], a["top_k"], a["block_m"], a["schedule"])
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    (dict(x=torch.randn(5, K)), TypeError, "x must have dtype bfloat16"),
+    (dict(x=torch.randn(5, 256).bfloat16()), ValueError, "x must have K=512"),
+    (dict(x=torch.randn(K, 5).bfloat16().t()), ValueError, "x must be contiguous"),
+    (dict(qweight=torch.zeros(3, 16, 8, 32, 2, dtype=torch.int32)), ValueError, "qweight must have the swap16"),
+    (dict(qweight=torch.zeros(3, 16, 8, 32, 4, dtype=torch.int64)), TypeError, "qweight must have dtype int32"),
+    (dict(scales=torch.ones(3, 16, 8, 8, 2, 2, dtype=torch.float16)), TypeError, "scales must have dtype bfloat16"),
+    (dict(scales=torch.ones(3, 16, 4, 8, 2, 2, dtype=torch.bfloat16)), ValueError, "scales must have shape"),
+    (dict(out=torch.empty(10, 128, dtype=torch.bfloat16)), ValueError, "out must have N=256"),
+    (dict(out=torch.empty(4, N, dtype=torch.bfloat16)), ValueError, "out must have at least"),
+    (dict(sorted_ids=torch.zeros(64, dtype=torch.int64)), TypeError, "sorted_ids must have dtype int32"),
+    (dict(expert_ids=torch.zeros(2, dtype=torch.int32)), ValueError, "expert_ids must hold one entry per block"),
+    (dict(num_tokens_post_padded=torch.tensor(8, dtype=torch.int32)), ValueError, "num_tokens_post_padded must be 1-D"),
+    (dict(top_k=0), ValueError, "top_k"),
+    (dict(block_m=16), ValueError, "block_m=16"),
+    (dict(schedule="gmsk-m8n128k64-w4-s4-c1"), ValueError, "for family grouped_masked"),
+    (dict(schedule="idx-m8n512k64-w4-s4-c1"), ValueError, "does not divide N"),
+    (dict(schedule="fast"), ValueError, "schedule id"),
+])
+def test_indexed_bad_input(over, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call_indexed(indexed_args(**over))
+
+
+def test_cpu_tensors_are_refused_clearly():
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        call_indexed(indexed_args())
+
+
+def test_contiguous_and_masked_bad_input():
+    qw, sc = weights()
+    x = torch.randn(20, K).bfloat16()
+    out = torch.empty(20, N, dtype=torch.bfloat16)
+    s = Schedule("grouped_contiguous", 16, 128, 4, 4, 1).id
+    with pytest.raises(TypeError, match="expert_offsets must have dtype int64"):
+        torch.ops.chord.gemm_contiguous(x, qw, sc, torch.zeros(E + 1, dtype=torch.int32), out, s)
+    with pytest.raises(ValueError, match="expert_offsets must have E\\+1=4"):
+        torch.ops.chord.gemm_contiguous(x, qw, sc, torch.zeros(E, dtype=torch.int64), out, s)
+    m = Schedule("grouped_masked", 16, 128, 4, 4, 1).id
+    xm = torch.randn(E, 7, K).bfloat16()
+    om = torch.empty(E, 7, N, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="expert_num_tokens must have E=3"):
+        torch.ops.chord.gemm_masked(xm, qw, sc, torch.zeros(4, dtype=torch.int32), om, m)
+    with pytest.raises(ValueError, match="x must be \\[E=3"):
+        torch.ops.chord.gemm_masked(torch.randn(2, 7, K).bfloat16(), qw, sc, torch.zeros(3, dtype=torch.int32), om, m)
+    with pytest.raises(ValueError, match="out must hold"):
+        torch.ops.chord.gemm_masked(xm, qw, sc, torch.zeros(3, dtype=torch.int32), om[:, :5].contiguous(), m)
+
+
+def test_fake_impls_trace():
+    with FakeTensorMode():
+        a = indexed_args()
+        a = {k: (torch.empty_like(v) if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+        call_indexed(a)  # fake impl: validation only, no launch
+        with pytest.raises(ValueError, match="block_m"):
+            call_indexed(dict(a, block_m=16))

@@ -1,0 +1,108 @@
+"""Schedule ids, profile loading and the selection policy (pure host code)."""
+import json
+
+import pytest
+
+from chord.schedule import (FAMILIES, Problem, Schedule, default_deployment, explain, load_profile,
+                            load_profile_file, schedule_table, select)
+
+
+def test_schedule_id_round_trip():
+    s = Schedule("indexed", 16, 128, 4, 6, 2)
+    assert s.id == "idx-m16n128k64-w4-s6-c2"
+    assert Schedule.from_id(s.id) == s
+    for fam in FAMILIES:
+        t = Schedule(fam, 64, 256, 8, 3, 1)
+        assert Schedule.from_id(t.id) == t
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(block_m=12), "block_m"), (dict(block_m=256), "block_m"), (dict(warps=3), "warps"),
+    (dict(block_n=72), "block_n"), (dict(stages=1), "stages"), (dict(ctas_per_sm=9), "ctas_per_sm"),
+    (dict(family="dense"), "family"), (dict(block_m=128, block_n=1024, stages=12), "shared memory"),
+])
+def test_schedule_rejects_bad_knobs(kw, msg):
+    args = dict(family="indexed", block_m=16, block_n=128, warps=4, stages=4, ctas_per_sm=1)
+    args.update(kw)
+    with pytest.raises(ValueError, match=msg):
+        Schedule(**args)
+
+
+def test_bad_id_is_rejected():
+    with pytest.raises(ValueError, match="schedule id"):
+        Schedule.from_id("idx-m16n128")
+
+
+def test_smem_matches_kernel_formula():
+    s = Schedule("indexed", 64, 128, 4, 4, 1)
+    # 4 stages x (8 tiles x 512 B weights + 8 x 64 B scales + 64 rows x 128 B activations)
+    assert s.smem_bytes == 4 * (8 * 512 + 8 * 64 + 64 * 128)
+
+
+def test_profile_has_every_deployment_and_family():
+    pf = load_profile_file("h200")
+    assert set(pf.deployments) == {"ep8-decode", "ep8-prefill", "tp8"}
+    assert set(pf.profile("ep8-decode").rules) >= {"indexed", "grouped_masked"}
+    assert set(pf.profile("ep8-prefill").rules) >= {"indexed", "grouped_contiguous"}
+    assert "indexed" in pf.profile("tp8").rules
+    assert len(pf.all_schedules()) >= 8
+
+
+@pytest.mark.parametrize("tok_e,bm", [(1, 8), (4, 8), (12, 16), (32, 32), (64, 64), (512, 64)])
+def test_block_m_follows_rows_per_expert(tok_e, bm):
+    p = Problem("indexed", 48, 4096, 7168, rows=48 * tok_e, top_k=8)
+    assert select("h200:ep8-decode", p).block_m == bm
+
+
+def test_block_n_fits_n():
+    # TP8 down has N = 7168 = 56 * 128; gate_up N = 512
+    for n in (512, 7168, 4096, 2048, 256):
+        s = select("h200:tp8", Problem("indexed", 384, n, 7168, rows=8, top_k=8))
+        assert n % s.block_n == 0
+
+
+def test_selection_is_memoized_and_explained():
+    p = Problem("grouped_masked", 48, 4096, 7168, rows=48 * 4)
+    d = explain("h200:ep8-decode", p)
+    assert d.schedule is select("h200:ep8-decode", p)
+    assert "rows/expert" in d.reason and d.schedule.id in d.reason
+    assert d.schedule in d.candidates
+
+
+def test_schedule_table_covers_all_rows():
+    rows = schedule_table("h200:ep8-prefill", "indexed", 48, 4096, 7168)
+    assert rows[0][0] == 0 and rows[-1][1] == 2**31 - 1
+    for (lo, hi, _), (lo2, _, _) in zip(rows, rows[1:]):
+        assert hi == lo2 and lo < hi
+    # the table agrees with select() inside each band
+    for lo, hi, s in rows:
+        r = min(hi, 10**6)
+        assert select("h200:ep8-prefill", Problem("indexed", 48, 4096, 7168, rows=r)).block_m == s.block_m
+
+
+def test_default_deployment():
+    assert default_deployment(384, 512, 7168) == "tp8"
+    assert default_deployment(48, 4096, 7168) == "ep8-prefill"
+    assert default_deployment(48, 4096, 7168, decode=True) == "ep8-decode"
+
+
+def test_profile_errors(tmp_path):
+    with pytest.raises(ValueError, match="deployment"):
+        load_profile("h200:ep4")
+    with pytest.raises(ValueError, match="not found"):
+        load_profile("nosuchgpu:tp8")
+    with pytest.raises(TypeError, match="profile"):
+        load_profile(3)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"gpu": "x", "deployments": {"d": {"families": {"indexed": [
+        {"max_rows_per_expert": 8, "block_m": 8, "block_n": 128}]}}}}))
+    with pytest.raises(ValueError, match="null"):
+        load_profile_file(str(bad))
+
+
+@pytest.mark.parametrize("field,val", [("num_experts", 0), ("n", -1), ("k", 0), ("rows", -1), ("family", "x")])
+def test_problem_validation(field, val):
+    kw = dict(family="indexed", num_experts=48, n=4096, k=7168, rows=8)
+    kw[field] = val
+    with pytest.raises(ValueError):
+        Problem(**kw)
