@@ -334,6 +334,7 @@ def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExpe
         raise ValueError(f"hidden_states must have K = w13.k = w2.n = {w13.k}, got {hidden_states.shape[1]}")
     m, top_k = topk_ids.shape
     e = w13.num_experts
+    n_route = expert_map.numel() if expert_map is not None else e  # ids index global experts
     rows = m * top_k
     prof = _profile_for(w13, profile, decode=False)
 
@@ -341,24 +342,26 @@ def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExpe
         if family == "indexed":
             s1 = select(prof, Problem("indexed", e, w13.n, w13.k, rows, top_k))
             s2 = select(prof, Problem("indexed", e, w2.n, w2.k, rows, 1))
-            r1 = R.align_block_size(topk_ids, s1.block_m, e, expert_map=expert_map)
-            r2 = r1 if s2.block_m == s1.block_m else R.align_block_size(topk_ids, s2.block_m, e, expert_map=expert_map)
+            # vLLM's Humming path: local buckets, non-local routes dropped (ignore_invalid_experts)
+            align = dict(expert_map=expert_map, ignore_invalid_experts=expert_map is not None)
+            r1 = R.align_block_size(topk_ids, s1.block_m, n_route, **align)
+            r2 = r1 if s2.block_m == s1.block_m else R.align_block_size(topk_ids, s2.block_m, n_route, **align)
             inter = torch.full((rows, w13.n), 0, dtype=torch.bfloat16, device=hidden_states.device)
             gemm_indexed(hidden_states, w13, r1, top_k=top_k, out=inter, schedule=s1)
             act = silu_and_mul(inter)
             down = torch.zeros(rows, w2.n, dtype=torch.bfloat16, device=hidden_states.device)
             gemm_indexed(act, w2, r2, top_k=1, out=down, schedule=s2)
-            valid = _valid_slots(topk_ids, expert_map, e)
+            valid = _valid_slots(topk_ids, expert_map, n_route)
             wts = (topk_weights.float() * valid).view(m, top_k, 1)
             return (down.float().view(m, top_k, -1) * wts).sum(1).to(torch.bfloat16)
         if family == "grouped_contiguous":
-            lay = R.contiguous_layout(hidden_states, topk_ids, e, expert_map=expert_map)
+            lay = R.contiguous_layout(hidden_states, topk_ids, n_route, expert_map=expert_map)
             inter = gemm_contiguous(lay.x, w13, lay.expert_offsets, profile=prof)
             act = silu_and_mul(inter)
             down = gemm_contiguous(act, w2, lay.expert_offsets, profile=prof)
             return R.unpermute_contiguous(down, lay, topk_weights, m).to(torch.bfloat16)
         if family == "grouped_masked":
-            lay = R.masked_layout(hidden_states, topk_ids, e, expert_map=expert_map)
+            lay = R.masked_layout(hidden_states, topk_ids, n_route, expert_map=expert_map)
             inter = gemm_masked(lay.x, w13, lay.expert_num_tokens, profile=prof, expected_rows=rows)
             act = silu_and_mul(inter)
             down = gemm_masked(act, w2, lay.expert_num_tokens, profile=prof, expected_rows=rows)
