@@ -86,30 +86,57 @@ __device__ __forceinline__ void swap16_tile(const GemmParams& p, int expert, int
 
   auto stage_ptr = [&](int s) { return smem + s * C::kStageBytes; };
 
+  // Per-thread copy assignments, computed once: each K block only adds kb to the sources.
+  constexpr int T = C::kThreads;
+  constexpr int kWChunks = C::kNTiles * 32;  // 16-byte weight chunks per stage
+  constexpr int kSChunks = C::kNTiles * 4;   // 16-byte scale chunks per stage
+  constexpr int kXChunks = BT * 8;           // 16-byte activation chunks per stage
+  constexpr int kWIters = (kWChunks + T - 1) / T;
+  constexpr int kSIters = (kSChunks + T - 1) / T;
+  constexpr int kXIters = (kXChunks + T - 1) / T;
+  const uint32_t smem_base = smem_u32(smem);
+  const uint4* wsrc[kWIters];
+  const uint8_t* ssrc[kSIters];
+  const __nv_bfloat16* xsrc[kXIters];
+  uint32_t xdst[kXIters];
+  bool xvalid[kXIters];
+#pragma unroll
+  for (int it = 0; it < kWIters; ++it) {
+    const int c = tid + it * T;
+    wsrc[it] = wbase + (static_cast<int64_t>(c / 32) * KB) * 32 + (c % 32);
+  }
+#pragma unroll
+  for (int it = 0; it < kSIters; ++it) {
+    const int c = tid + it * T;
+    ssrc[it] = reinterpret_cast<const uint8_t*>(sbase + static_cast<int64_t>(c / 4) * KB * 8) + (c % 4) * 16;
+  }
+#pragma unroll
+  for (int it = 0; it < kXIters; ++it) {
+    const int c = tid + it * T;
+    const int r = (c / 8) % BT, ch = c % 8;
+    const int64_t row = in_row[r];
+    xvalid[it] = row >= 0 && c < kXChunks;
+    xsrc[it] = p.x + (row >= 0 ? row * K + ch * 8 : 0);
+    xdst[it] = C::kWBytes + C::kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
+  }
+
   auto load_stage = [&](int s, int kb) {
-    uint8_t* st = stage_ptr(s);
-    // weights: kNTiles x 32 chunks of 16 B; tile t's k-block is 512 contiguous bytes.
+    const uint32_t st = smem_base + s * C::kStageBytes;
 #pragma unroll
-    for (int c = tid; c < C::kNTiles * 32; c += C::kThreads) {
-      const int t = c / 32, l = c % 32;
-      cp_async_16_stream(st + c * 16, wbase + (static_cast<int64_t>(t) * KB + kb) * 32 + l, evict_first);
+    for (int it = 0; it < kWIters; ++it) {
+      const int c = tid + it * T;
+      if (kWChunks % T == 0 || c < kWChunks) cp_async_16_stream_u32(st + c * 16, wsrc[it] + kb * 32, evict_first);
     }
-    // scales: kNTiles x 4 chunks of 16 B (64 B per tile and k-block).
 #pragma unroll
-    for (int c = tid; c < C::kNTiles * 4; c += C::kThreads) {
-      const int t = c / 4, q = c % 4;
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(sbase + (static_cast<int64_t>(t) * KB + kb) * 8) + q * 16;
-      cp_async_16_stream(st + C::kWBytes + c * 16, src, evict_first);
+    for (int it = 0; it < kSIters; ++it) {
+      const int c = tid + it * T;
+      if (kSChunks % T == 0 || c < kSChunks)
+        cp_async_16_stream_u32(st + C::kWBytes + c * 16, ssrc[it] + kb * 64, evict_first);
     }
-    // activations: BT rows x 8 chunks, chunk index XOR-swizzled with (row & 7).
-    uint8_t* sx = st + C::kWBytes + C::kSBytes;
 #pragma unroll
-    for (int c = tid; c < BT * 8; c += C::kThreads) {
-      const int r = c / 8, ch = c % 8;
-      const int64_t row = in_row[r];
-      const bool valid = row >= 0;
-      const __nv_bfloat16* src = p.x + (valid ? row * K + kb * kKBlock + ch * 8 : 0);
-      cp_async_16(sx + r * 128 + ((ch ^ (r & 7)) * 16), src, valid);
+    for (int it = 0; it < kXIters; ++it) {
+      const int c = tid + it * T;
+      if (kXChunks % T == 0 || c < kXChunks) cp_async_16_u32(st + xdst[it], xsrc[it] + kb * kKBlock, xvalid[it]);
     }
   };
 
