@@ -332,18 +332,36 @@ class Kernel:
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], params: bytes,
                device_index: int, stream: int, smem_bytes: int | None = None) -> None:
-        """Launch with one by-value parameter block (`params`, a packed struct) on `stream`."""
-        if min(grid) <= 0:
+        """Launch with one by-value parameter block (`params`, a packed struct) on `stream`.
+
+        cuLaunchKernel copies the parameters before it returns, so one small per-thread buffer
+        is reused for every launch (this path is hot: decode kernels run for ~10 us).
+        """
+        if grid[0] <= 0 or grid[1] <= 0 or grid[2] <= 0:
             return  # nothing to do; a zero-size grid is not an error for us
-        fn = self.function(device_index)
-        buf = ctypes.create_string_buffer(params, len(params))
-        # kernelParams[i] points at the i-th argument's value; our one argument is the struct.
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        drv = driver()
-        smem = self.smem_bytes if smem_bytes is None else smem_bytes
-        drv.check(drv.lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                                         ctypes.c_void_p(stream), ctypes.cast(args, ctypes.POINTER(ctypes.c_void_p)),
-                                         None), f"cuLaunchKernel({self.cubin.name})")
+        fn = self._funcs.get(device_index) or self.function(device_index)
+        tls = _launch_tls
+        buf = getattr(tls, "buf", None)
+        if buf is None or len(params) > _PARAM_BUF_BYTES:
+            buf = ctypes.create_string_buffer(max(_PARAM_BUF_BYTES, len(params)))
+            tls.buf = buf
+            # kernelParams[i] points at the i-th argument's value; our one argument is the struct.
+            tls.args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        ctypes.memmove(buf, params, len(params))
+        rc = _driver_launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                            self.smem_bytes if smem_bytes is None else smem_bytes, stream, tls.args, None)
+        if rc:
+            driver().check(rc, f"cuLaunchKernel({self.cubin.name})")
+
+
+_PARAM_BUF_BYTES = 512
+_launch_tls = threading.local()
+
+
+def _driver_launch(*args):
+    global _driver_launch
+    _driver_launch = driver().lib.cuLaunchKernel  # bind once, then call the ctypes function directly
+    return _driver_launch(*args)
 
 
 def compile_source(source: str, kernel_name: str, smem_bytes: int = 0, name: str | None = None) -> Kernel:

@@ -16,6 +16,7 @@ are CUDA-graph capturable. The wrappers (:func:`gemm_indexed`, :func:`gemm_conti
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -27,7 +28,8 @@ from chord.schedule import Problem, Schedule, default_deployment, load_profile, 
 if TYPE_CHECKING:  # pragma: no cover
     from chord.formats import PackedExperts
 
-__all__ = ["gemm_indexed", "gemm_contiguous", "gemm_masked", "fused_moe", "silu_and_mul", "check_cuda_sm90"]
+__all__ = ["gemm_indexed", "gemm_contiguous", "gemm_masked", "gemm_indexed_raw", "gemm_contiguous_raw",
+           "gemm_masked_raw", "fused_moe", "silu_and_mul", "check_cuda_sm90"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,9 +89,14 @@ def check_cuda_sm90(t: torch.Tensor, name: str = "x") -> None:
     if t.device.type != "cuda":
         raise ValueError(f"{name} must be a CUDA tensor (Chord's kernels need an sm_90a GPU), got device {t.device}; "
                          "use chord.reference for the float32 reference on CPU")
-    cap = torch.cuda.get_device_capability(t.device)
+    cap = _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())
     if cap != (9, 0):
         raise ValueError(f"{name} is on a GPU of compute capability {cap[0]}.{cap[1]}; Chord's kernels need 9.0 (Hopper, sm_90a)")
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes) -> None:
@@ -126,10 +133,8 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
     return s, e, n, k
 
 
-@torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
-def _gemm_indexed_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sorted_ids: torch.Tensor,
-                     expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor, out: torch.Tensor, top_k: int,
-                     block_m: int, schedule: str) -> None:
+def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
+                       schedule):
     s, e, n, k = _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
                                    block_m, schedule)
     check_cuda_sm90(x)
@@ -143,6 +148,14 @@ def _gemm_indexed_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
         num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks)
     with nvtx_range("gemm_indexed", s.id):
         _launch(s, (num_blocks, n // s.block_n, 1), x, params)
+
+
+@torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
+def _gemm_indexed_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sorted_ids: torch.Tensor,
+                     expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor, out: torch.Tensor, top_k: int,
+                     block_m: int, schedule: str) -> None:
+    _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
+                       schedule)
 
 
 @_gemm_indexed_op.register_fake
@@ -166,9 +179,7 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
     return _check_schedule(schedule, "grouped_contiguous", n), e, n, k
 
 
-@torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
-def _gemm_contiguous_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_offsets: torch.Tensor,
-                        out: torch.Tensor, schedule: str) -> None:
+def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule):
     s, e, n, k = _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule)
     check_cuda_sm90(x)
     rows = x.shape[0]
@@ -180,6 +191,12 @@ def _gemm_contiguous_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
                                   num_experts=e)
     with nvtx_range("gemm_contiguous", s.id):
         _launch(s, (grid_x, n // s.block_n, 1), x, params)
+
+
+@torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
+def _gemm_contiguous_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_offsets: torch.Tensor,
+                        out: torch.Tensor, schedule: str) -> None:
+    _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule)
 
 
 @_gemm_contiguous_op.register_fake
@@ -209,9 +226,7 @@ def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
     return _check_schedule(schedule, "grouped_masked", n), e, n, k, max_rows
 
 
-@torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))
-def _gemm_masked_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_num_tokens: torch.Tensor,
-                    out: torch.Tensor, schedule: str) -> None:
+def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule):
     s, e, n, k, max_rows = _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
     check_cuda_sm90(x)
     if max_rows == 0:
@@ -224,9 +239,52 @@ def _gemm_masked_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
         _launch(s, (e * tiles, n // s.block_n, 1), x, params)
 
 
+@torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))
+def _gemm_masked_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_num_tokens: torch.Tensor,
+                    out: torch.Tensor, schedule: str) -> None:
+    _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule)
+
+
 @_gemm_masked_op.register_fake
 def _(x, qweight, scales, expert_num_tokens, out, schedule):
     _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
+
+
+# ---------------------------------------------------------------------------------------------
+# raw entry points: through torch.ops while torch.compile traces, straight to the same checked
+# implementation in eager mode (the dispatcher round trip of a Python custom op costs ~30 us of
+# host time per call, more than a whole TP8 decode kernel).
+
+
+def _eager() -> bool:
+    return not torch.compiler.is_compiling()
+
+
+def gemm_indexed_raw(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,
+                     block_m: int, schedule: str) -> None:
+    """`torch.ops.chord.gemm_indexed` with the eager fast path (same checks, same kernel)."""
+    if _eager():
+        _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
+                           schedule)
+    else:
+        torch.ops.chord.gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
+                                     block_m, schedule)
+
+
+def gemm_contiguous_raw(x, qweight, scales, expert_offsets, out, schedule: str) -> None:
+    """`torch.ops.chord.gemm_contiguous` with the eager fast path."""
+    if _eager():
+        _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule)
+    else:
+        torch.ops.chord.gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+
+
+def gemm_masked_raw(x, qweight, scales, expert_num_tokens, out, schedule: str) -> None:
+    """`torch.ops.chord.gemm_masked` with the eager fast path."""
+    if _eager():
+        _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule)
+    else:
+        torch.ops.chord.gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,8 +321,8 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(x.shape[0] * top_k, w.n, dtype=torch.bfloat16, device=x.device)
-    torch.ops.chord.gemm_indexed(x, w.qweight, w.scales, routing.sorted_ids, routing.expert_ids,
-                                 routing.num_tokens_post_padded, out, top_k, routing.block_m, sid)
+    gemm_indexed_raw(x, w.qweight, w.scales, routing.sorted_ids, routing.expert_ids, routing.num_tokens_post_padded,
+                     out, top_k, routing.block_m, sid)
     return out
 
 
@@ -279,7 +337,7 @@ def gemm_contiguous(x: torch.Tensor, w: "PackedExperts", expert_offsets: torch.T
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(x.shape[0], w.n, dtype=torch.bfloat16, device=x.device)
-    torch.ops.chord.gemm_contiguous(x, w.qweight, w.scales, expert_offsets, out, sid)
+    gemm_contiguous_raw(x, w.qweight, w.scales, expert_offsets, out, sid)
     return out
 
 
@@ -297,7 +355,7 @@ def gemm_masked(x: torch.Tensor, w: "PackedExperts", expert_num_tokens: torch.Te
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(*x.shape[:-1], w.n, dtype=torch.bfloat16, device=x.device)
-    torch.ops.chord.gemm_masked(x, w.qweight, w.scales, expert_num_tokens, out, sid)
+    gemm_masked_raw(x, w.qweight, w.scales, expert_num_tokens, out, sid)
     return out
 
 
