@@ -1,0 +1,253 @@
+"""The one place where the ``humming`` shim calls into ``chord`` (a rename there is a fix here).
+
+Everything humming needs from Chord goes through these functions: weight formats
+(chord.formats), schedule rows (chord.schedule), the raw GEMM ops (torch.ops.chord, registered
+by chord.ops), the JIT for the activation kernel (chord.jit) and the float32 reference
+(chord.reference). Imports are lazy so that ``import humming`` stays light.
+
+CPU reference backend
+---------------------
+:func:`cpu_reference_backend` switches the three GEMM entry points to a float32 torch
+reference of the same contracts, so that vLLM's load -> tuning -> forward sequence can run in
+CI. It exists only for machines without a CUDA device and refuses to switch on where one
+exists: on a GPU machine the kernels always run.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+GPU_PROFILE = os.environ.get("CHORD_PROFILE", "h200")
+
+# --------------------------------------------------------------------------------------------
+# chord.formats
+
+
+def pack_from_compressed(weight_packed, weight_scale, n: int, k: int):
+    """compressed-tensors / Humming uint4 words [E, n, k/8] + bf16 scales [E, n, k/32] -> (qweight, scales)."""
+    from chord.formats import pack_experts_from_compressed_tensors
+
+    p = pack_experts_from_compressed_tensors(weight_packed, weight_scale, (n, k))
+    return p.qweight, p.scales
+
+
+def unpack_words(words, k: int):
+    """compressed-tensors / Humming uint4 words [..., ceil(k/8)] -> int8 codes [..., k] in [-8, 7]."""
+    from chord.formats import unpack_compressed_tensors
+
+    return unpack_compressed_tensors(words, k)
+
+
+def pack_words(q):
+    """int8 codes [..., K] in [-8, 7] -> compressed-tensors / Humming uint4 words."""
+    from chord.formats import pack_compressed_tensors
+
+    return pack_compressed_tensors(q)
+
+
+def pack_codes(q, scales):
+    """int8 codes [E, N, K] + bf16 scales [E, N, K/32] -> (qweight, scales) in the swap16 layout."""
+    from chord.formats import pack_experts
+
+    p = pack_experts(q, scales)
+    return p.qweight, p.scales
+
+
+def packed_experts(qweight, scales):
+    """Wrap raw swap16 tensors as a chord.formats.PackedExperts."""
+    from chord.formats import PackedExperts
+
+    e, nt, kb = (int(d) for d in qweight.shape[:3])
+    return PackedExperts(qweight, scales, e, nt * 16, kb * 64)
+
+
+def dequantized_experts(qweight, scales):
+    """float32 [E, N, K] weight of raw swap16 tensors (exact)."""
+    from chord.formats import unpack_experts
+
+    return unpack_experts(packed_experts(qweight, scales)).dequantize()
+
+
+def quantized_experts(qweight, scales):
+    """chord.formats.QuantizedExperts (int8 codes + bf16 group-32 scales) of raw swap16 tensors."""
+    from chord.formats import unpack_experts
+
+    return unpack_experts(packed_experts(qweight, scales))
+
+
+def quantize_g32(w):
+    """float [.., N, K] -> (int8 codes [E, N, K], bf16 scales [E, N, K/32]), symmetric, group 32."""
+    from chord.formats import quantize_int4_g32
+
+    qe = quantize_int4_g32(w)
+    return qe.q, qe.scales
+
+
+# --------------------------------------------------------------------------------------------
+# chord.reference (float32 oracle; rows an op must not write come back NaN)
+
+
+def reference_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, top_k: int, block_m: int,
+                      n_out_rows: int):
+    from chord.reference import indexed_gemm_ref
+    from chord.routing import IndexedRouting
+
+    routing = IndexedRouting(sorted_ids, expert_ids, num_tokens_post_padded.reshape(1), block_m, top_k,
+                             num_rows=x.shape[0] * top_k)
+    return indexed_gemm_ref(x, quantized_experts(qweight, scales), None, routing, top_k, n_out_rows=n_out_rows)
+
+
+def reference_contiguous(x, qweight, scales, expert_offsets):
+    from chord.reference import contiguous_gemm_ref
+
+    return contiguous_gemm_ref(x, quantized_experts(qweight, scales), None, expert_offsets)
+
+
+def reference_masked(x3, qweight, scales, expert_num_tokens):
+    from chord.reference import masked_gemm_ref
+
+    return masked_gemm_ref(x3, quantized_experts(qweight, scales), None, expert_num_tokens)
+
+
+def moe_reference(hidden_states, w13_qweight, w13_scales, w2_qweight, w2_scales, topk_weights, topk_ids,
+                  expert_map=None, *, bf16_intermediates=False):
+    """chord.reference.moe_ref of a layer given in the swap16 layout (float32 [M, K])."""
+    from chord.reference import moe_ref
+
+    return moe_ref(hidden_states, quantized_experts(w13_qweight, w13_scales), quantized_experts(w2_qweight, w2_scales),
+                   topk_weights, topk_ids, expert_map, bf16_intermediates=bf16_intermediates)
+
+
+# --------------------------------------------------------------------------------------------
+# chord.schedule
+
+
+def _profile(family: str, num_experts: int, n: int, k: int):
+    # NOTE: mirrors chord.ops._profile_for (masked = decode deployment). Asked the lead for a
+    # public chord.schedule.profile_for(family, num_experts, n, k) so this is not a second copy.
+    from chord.schedule import default_deployment, load_profile
+
+    dep = default_deployment(num_experts, n, k, decode=(family == "grouped_masked"))
+    return load_profile(f"{GPU_PROFILE}:{dep}")
+
+
+def schedule_rows(family: str, num_experts: int, n: int, k: int, top_k: int = 1):
+    """chord.schedule's table for this layer: [(min_rows (exclusive), max_rows, Schedule)]."""
+    from chord.schedule import schedule_table
+
+    return schedule_table(_profile(family, num_experts, n, k), family, num_experts, n, k, top_k)
+
+
+def select_schedule(family: str, num_experts: int, n: int, k: int, rows: int, top_k: int = 1):
+    from chord.schedule import Problem, select
+
+    prob = Problem(family, num_experts, n, k, rows=max(0, int(rows)), top_k=top_k)
+    return select(_profile(family, num_experts, n, k), prob)
+
+
+def schedule_from_id(schedule_id: str):
+    from chord.schedule import Schedule
+
+    return Schedule.from_id(schedule_id)
+
+
+def schedule_as_dict(schedule) -> dict:
+    from chord.schedule import as_dict
+
+    return as_dict(schedule)
+
+
+# --------------------------------------------------------------------------------------------
+# chord.jit (the activation kernel of humming.ops)
+
+
+def compile_source(source: str, kernel_name: str):
+    """nvcc (sm_90a) into Chord's content-hashed cache, loaded through the driver API."""
+    from chord.jit import compile_source as _compile
+
+    return _compile(source, kernel_name)
+
+
+def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], params: bytes, device_index: int,
+           stream: int) -> None:
+    kernel.launch(grid, block, params, device_index, stream)
+
+
+# --------------------------------------------------------------------------------------------
+# the raw GEMM ops
+
+
+_reference_enabled = os.environ.get("CHORD_HUMMING_CPU_REFERENCE", "0") not in ("", "0")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def cpu_reference_backend() -> Iterator[None]:
+    """Run humming_forward's GEMMs with chord's float32 torch reference (CPU-only machines).
+
+    Refused where a CUDA device exists: there the kernels must run.
+    """
+    global _reference_enabled
+    if _cuda_available():
+        raise RuntimeError("humming's CPU reference backend is only for machines without a CUDA device; "
+                           "this machine has one, so Chord's kernels run")
+    old, _reference_enabled = _reference_enabled, True
+    try:
+        yield
+    finally:
+        _reference_enabled = old
+
+
+def _use_reference(x) -> bool:
+    if x.device.type == "cuda":
+        return False
+    if _reference_enabled and not _cuda_available():
+        return True
+    raise ValueError(f"Chord's kernels need CUDA tensors on an sm_90a GPU, got {x.device}. On a machine "
+                     "without a GPU, tests may run the float32 reference with humming._chord.cpu_reference_backend()")
+
+
+def _ops():
+    import chord.ops  # noqa: F401  (registers torch.ops.chord.*)
+    import torch
+
+    return torch.ops.chord
+
+
+def gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,
+                 block_m: int, schedule: str) -> None:
+    if _use_reference(x):
+        from humming import _reference
+
+        _reference.gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
+                                block_m)
+        return
+    _ops().gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
+                        schedule)
+
+
+def gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule: str) -> None:
+    if _use_reference(x):
+        from humming import _reference
+
+        _reference.gemm_contiguous(x, qweight, scales, expert_offsets, out)
+        return
+    _ops().gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+
+
+def gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule: str) -> None:
+    if _use_reference(x):
+        from humming import _reference
+
+        _reference.gemm_masked(x, qweight, scales, expert_num_tokens, out)
+        return
+    _ops().gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule)

@@ -1,0 +1,229 @@
+"""``humming_forward`` and the input-processing entry points vLLM 0.33 calls per layer.
+
+``humming_forward`` runs one GEMM of a layer on Chord's kernels, dispatched by
+``compute_config["gemm_type"]``:
+
+* ``indexed`` -> ``chord::gemm_indexed`` with vLLM's ``moe_align_block_size`` routing
+  (``sorted_ids``, ``expert_ids``, ``num_tokens_padded``; gate_up with the routing top_k,
+  down with top_k=1);
+* ``grouped_contiguous`` -> ``chord::gemm_contiguous`` with ``expert_layout`` = expert offsets
+  (int64 [E+1]);
+* ``grouped_masked`` -> ``chord::gemm_masked`` with ``expert_layout`` = tokens per expert
+  (int32 [E]) over inputs [E * max_rows, K];
+* ``dense`` (a quantized linear layer) -> ``chord::gemm_contiguous`` with one expert.
+
+The schedule comes from the tuning row vLLM used for its routing (same ``valid_shape_m``),
+so ``block_m`` always matches ``moe_align_block_size``. Config parsing is cached and marked
+constant for torch.compile; routing tensors are only read by the kernels, never on the host.
+Outputs are written into the caller's ``outputs`` (when vLLM padded N or K, through a padded
+temporary: the unpadded part is exact).
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, Optional
+
+import torch
+
+from humming import _chord, ops, tune
+from humming.config import GemmType, LayerConfig
+from humming.errors import ChordUnsupportedError
+
+__all__ = ["humming_forward", "may_process_input", "may_quant_input"]
+
+
+def _as_key(config: Any) -> Optional[str]:
+    if config is None or isinstance(config, str):
+        return config or None
+    return json.dumps(config, sort_keys=True)
+
+
+@lru_cache(maxsize=256)
+def _compute_flags(compute_config: Optional[str]) -> str:
+    """gemm_type of a compute_config JSON (refuses f16 accumulation and batch invariance)."""
+    cfg = json.loads(compute_config) if compute_config else {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"compute_config must be a JSON object, got {compute_config!r}")
+    tune.check_compute_flags(cfg.get("use_f16_accum", False), cfg.get("use_batch_invariant", False))
+    return tune._gemm_type(cfg.get("gemm_type", "dense")).value
+
+
+@lru_cache(maxsize=256)
+def _tuning_rows(tuning_config: str) -> tuple:
+    rows = json.loads(tuning_config)
+    if isinstance(rows, dict):  # a single config
+        rows = [[-1, tune.MAX_ROWS, rows]]
+    out = []
+    for row in rows:
+        lo, hi, cfg = row
+        if "schedule" not in cfg:
+            raise ChordUnsupportedError("A tuning config without a Chord schedule id (made by upstream Humming?)",
+                                        "Let humming.tune.get_heuristics_config build the tuning rows.")
+        out.append((int(lo), int(hi), cfg))
+    return tuple(out)
+
+
+@torch.compiler.assume_constant_result
+def _plan(compute_config: Optional[str], tuning_config: Optional[str], config: LayerConfig,
+          valid_shape_m: int) -> tuple[str, str, int]:
+    """(family, schedule id, block_m) of one call: a pure function of host values, memoized."""
+    gemm_type = _compute_flags(compute_config)
+    family = tune.family_for(gemm_type, config)
+    if tuning_config is not None:
+        cfg = tune.row_for(_tuning_rows(tuning_config), valid_shape_m)
+    else:
+        cfg = tune.row_for(tune._rows(config, family), valid_shape_m)
+    if cfg.get("family", family) != family:
+        raise ValueError(f"tuning_config was made for the {cfg.get('family')} family, but compute_config asks for "
+                         f"{gemm_type}")
+    return family, cfg["schedule"], int(cfg["block_shape"][0])
+
+
+def _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2,
+                             hadamard_block_size) -> None:
+    for name, value in (("zero_point", zero_point), ("bias", bias), ("weight_scale_2", weight_scale_2),
+                        ("input_scale", input_scale), ("input_scale_2", input_scale_2)):
+        if value is not None:
+            raise ChordUnsupportedError(f"humming_forward with {name}")
+    if hadamard_block_size is not None and hadamard_block_size > 1:
+        raise ChordUnsupportedError(f"Hadamard rotation (hadamard_block_size={hadamard_block_size})")
+
+
+def humming_forward(
+    config: LayerConfig,
+    inputs: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: Optional[torch.Tensor] = None,
+    zero_point: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    weight_scale_2: Optional[torch.Tensor] = None,
+    outputs: Optional[torch.Tensor] = None,
+    input_scale: Optional[torch.Tensor] = None,
+    input_scale_2: Optional[torch.Tensor] = None,
+    sorted_ids: Optional[torch.Tensor] = None,
+    expert_ids: Optional[torch.Tensor] = None,
+    num_tokens_padded: Optional[torch.Tensor] = None,
+    expert_layout: Optional[torch.Tensor] = None,
+    locks: Optional[torch.Tensor] = None,
+    top_k: int = 1,
+    valid_shape_m: int = 0,
+    compute_config: Any = None,
+    tuning_config: Any = None,
+    hadamard_block_size: Optional[int] = None,
+    use_pdl: Optional[bool] = None,
+) -> torch.Tensor:
+    """One W4A16 GEMM of `config` on Chord's kernels, written into (and returning) `outputs`."""
+    if not isinstance(config, LayerConfig):
+        raise TypeError(f"humming_forward: config must be a humming LayerConfig (from "
+                        f"prepare_and_transform_humming_tensors), got {type(config).__name__}")
+    _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2, hadamard_block_size)
+    if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.bfloat16:
+        raise ChordUnsupportedError(f"humming_forward on {getattr(inputs, 'dtype', type(inputs))} inputs",
+                                    "Chord reads bf16 activations.")
+    if weight_scale is None:
+        raise ValueError("humming_forward: weight_scale is required (the layer's 'weight_scale' tensor)")
+
+    n, k, kn, kk = config.n, config.k, config.shape_n, config.shape_k
+    x = inputs
+    if x.shape[-1] != kk:
+        if x.shape[-1] != k:
+            raise ValueError(f"humming_forward: inputs must have K={k} (or padded {kk}) columns, got {tuple(x.shape)}")
+        x = torch.nn.functional.pad(x, (0, kk - k))
+    if not x.is_contiguous():
+        x = x.contiguous()
+
+    compute_key = _as_key(compute_config)
+    gemm_type = _compute_flags(compute_key)
+    rows_in = x.numel() // x.shape[-1]
+    if gemm_type == GemmType.INDEXED.value:
+        out_rows = rows_in * top_k
+    else:
+        out_rows = rows_in
+    m = int(valid_shape_m) if valid_shape_m and valid_shape_m > 0 else out_rows
+    family, schedule, block_m = _plan(compute_key, _as_key(tuning_config), config, m)
+
+    out_shape = (*x.shape[:-1], n) if gemm_type != GemmType.INDEXED.value else (out_rows, n)
+    if outputs is None:
+        outputs = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
+    elif outputs.dtype != torch.bfloat16 or outputs.device != x.device or outputs.shape[-1] not in (n, kn):
+        raise ValueError(f"humming_forward: outputs must be bf16 on {x.device} with {n} columns, got "
+                         f"{outputs.dtype} {tuple(outputs.shape)} on {outputs.device}")
+    direct = outputs.shape[-1] == kn and outputs.is_contiguous()
+    out = outputs if direct else torch.empty((*outputs.shape[:-1], kn), dtype=torch.bfloat16, device=x.device)
+
+    if family == "indexed":
+        if sorted_ids is None or expert_ids is None or num_tokens_padded is None:
+            raise ValueError("humming_forward: the indexed GEMM needs sorted_ids, expert_ids and num_tokens_padded "
+                             "(vLLM's moe_align_block_size outputs)")
+        _chord.gemm_indexed(x.reshape(-1, kk), weight, weight_scale, sorted_ids, expert_ids, num_tokens_padded,
+                            out.view(-1, kn), int(top_k), block_m, schedule)
+    elif family == "grouped_masked":
+        if expert_layout is None:
+            raise ValueError("humming_forward: the grouped_masked GEMM needs expert_layout (tokens per expert, int32 [E])")
+        _chord.gemm_masked(x, weight, weight_scale, expert_layout, out, schedule)
+    elif config.num_experts:  # grouped_contiguous
+        if expert_layout is None:
+            raise ValueError("humming_forward: the grouped_contiguous GEMM needs expert_layout (expert offsets, "
+                             "int64 [E+1])")
+        _chord.gemm_contiguous(x.reshape(-1, kk), weight, weight_scale, expert_layout, out.view(-1, kn), schedule)
+    else:  # dense: one expert covering every row
+        x2 = x.reshape(-1, kk)
+        offsets = torch.arange(2, dtype=torch.int64, device=x.device) * x2.shape[0]
+        _chord.gemm_contiguous(x2, weight, weight_scale, offsets, out.view(-1, kn), schedule)
+
+    if out is not outputs:
+        outputs.copy_(out[..., : outputs.shape[-1]])
+    return outputs
+
+
+def may_process_input(
+    config: LayerConfig,
+    inputs: torch.Tensor,
+    *,
+    outputs: Optional[torch.Tensor] = None,
+    group_scales: Optional[torch.Tensor] = None,
+    token_scales: Optional[torch.Tensor] = None,
+    activation_type: str = "none",
+    activation_impl: Optional[str] = None,
+    hadamard_block_size: Optional[int] = None,
+    layout: str = "normal",
+    expert_tokens: Optional[torch.Tensor] = None,
+    scatter_idx: Optional[torch.Tensor] = None,
+    num_valid_tokens: Optional[torch.Tensor] = None,
+    zero_invalid: bool = False,
+    m_major_scale: bool = False,
+    use_pdl: Optional[bool] = None,
+) -> tuple[torch.Tensor, None, None]:
+    """Activation / scatter / valid-row bounds before a GEMM; returns ``(inputs_for_gemm, None, None)``.
+
+    With nothing to do, returns ``inputs`` (or copies them into ``outputs`` when one is given).
+    """
+    if config.input_quant_mode.should_quantize:
+        raise ChordUnsupportedError(f"Input quantization ({config.input_quant_mode.value})")
+    if hadamard_block_size is not None and hadamard_block_size > 1:
+        raise ChordUnsupportedError(f"Hadamard rotation (hadamard_block_size={hadamard_block_size})")
+    should_process = (activation_type != "none" or layout == "scatter" or num_valid_tokens is not None
+                      or (layout == "grouped_mask" and zero_invalid))
+    if not should_process:
+        if outputs is not None and outputs is not inputs:
+            outputs.copy_(inputs.view_as(outputs))
+            return outputs, None, None
+        return inputs, None, None
+    return ops.process_input(
+        inputs, outputs=outputs, activation_type=activation_type, activation_impl=activation_impl, layout=layout,
+        expert_tokens=expert_tokens, scatter_idx=scatter_idx, num_valid_tokens=num_valid_tokens,
+        zero_invalid=zero_invalid)
+
+
+def may_quant_input(
+    config: LayerConfig,
+    inputs: torch.Tensor,
+    input_scale: Optional[torch.Tensor] = None,
+    quanted_input: Optional[torch.Tensor] = None,
+    use_pdl: Optional[bool] = None,
+) -> tuple[torch.Tensor, None]:
+    """Chord's layers read bf16 activations: nothing to quantize."""
+    if config.input_quant_mode.should_quantize or input_scale is not None:
+        raise ChordUnsupportedError("Pre-quantized or quantized inputs (may_quant_input with an input scale)")
+    return inputs, None

@@ -1,0 +1,122 @@
+"""Tuning rows for vLLM (``humming.tune.get_heuristics_config``), taken from chord.schedule.
+
+vLLM 0.33 asks once per layer for rows ``(min_m, max_m, config)`` and, per forward, picks the
+row with ``min_m < valid_shape_m <= max_m`` (``valid_shape_m`` = routed rows on this GPU). For
+the indexed family it runs ``moe_align_block_size`` with ``config["block_shape"][0]``, so that
+entry is Chord's block_m for the range. The rows are chord.schedule's table for the layer
+(humming adds no heuristic of its own); each config also carries the schedule id, which
+:func:`humming.forward.humming_forward` launches, so routing and kernel always agree.
+
+Refused: ``use_f16_accum`` (``VLLM_HUMMING_USE_F16_ACCUM=1``; Chord accumulates in fp32) and
+``use_batch_invariant`` (``VLLM_BATCH_INVARIANT=1``; Chord picks block sizes by batch size and
+that invariance is not proven).
+"""
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from typing import Any
+
+from humming import _chord
+from humming.config import GemmType, LayerConfig
+from humming.errors import ChordUnsupportedError
+
+__all__ = ["get_heuristics_config", "family_for", "check_compute_flags"]
+
+_FAMILY = {
+    GemmType.INDEXED: "indexed",
+    GemmType.GROUPED_CONTIGUOUS: "grouped_contiguous",
+    GemmType.GROUPED_MASKED: "grouped_masked",
+    GemmType.DENSE: "grouped_contiguous",  # a dense layer runs as one expert of the contiguous family
+}
+MAX_ROWS = 2**31 - 1
+
+
+def _gemm_type(gemm_type: Any) -> GemmType:
+    if isinstance(gemm_type, GemmType):
+        return gemm_type
+    if gemm_type is None:
+        return GemmType.DENSE
+    value = getattr(gemm_type, "value", gemm_type)
+    try:
+        return GemmType(str(value).lower())
+    except ValueError:
+        raise ValueError(f"gemm_type must be one of {[g.value for g in GemmType]}, got {gemm_type!r}") from None
+
+
+def family_for(gemm_type: Any, layer_config: LayerConfig) -> str:
+    gt = _gemm_type(gemm_type)
+    if gt is GemmType.DENSE and layer_config.num_experts:
+        raise ValueError(f"gemm_type 'dense' for an MoE layer of {layer_config.num_experts} experts")
+    if gt is not GemmType.DENSE and not layer_config.num_experts:
+        raise ValueError(f"gemm_type {gt.value!r} needs an MoE layer (LayerConfig.num_experts > 0)")
+    return _FAMILY[gt]
+
+
+def check_compute_flags(use_f16_accum: Any = False, use_batch_invariant: Any = False) -> None:
+    if use_f16_accum:
+        raise ChordUnsupportedError(
+            "FP16 accumulation (VLLM_HUMMING_USE_F16_ACCUM=1 / use_f16_accum=True)",
+            "Chord's kernels accumulate in fp32; unset VLLM_HUMMING_USE_F16_ACCUM.")
+    if use_batch_invariant:
+        raise ChordUnsupportedError(
+            "Batch-invariant mode (VLLM_BATCH_INVARIANT=1 / use_batch_invariant=True)",
+            "Chord chooses block sizes by batch size and bit-identical results across batch sizes are not "
+            "proven; unset VLLM_BATCH_INVARIANT or use another MoE backend.")
+
+
+def _config_row(schedule) -> dict[str, Any]:
+    d = _chord.schedule_as_dict(schedule)
+    return {
+        "block_shape": [d["block_m"], d["block_n"], 64],
+        "schedule": d["id"],
+        "family": d["family"],
+        "num_warps": d["warps"],
+        "num_stages": d["stages"],
+        "ctas_per_sm": d["ctas_per_sm"],
+    }
+
+
+@lru_cache(maxsize=1024)
+def _rows(layer_config: LayerConfig, family: str) -> tuple[tuple[int, int, dict[str, Any]], ...]:
+    table = _chord.schedule_rows(family, layer_config.kernel_experts, layer_config.shape_n, layer_config.shape_k)
+    rows = []
+    for i, (lo, hi, schedule) in enumerate(table):
+        # the first row also takes valid_shape_m == 0 (vLLM matches min < m <= max)
+        rows.append((-1 if i == 0 else int(lo), int(hi), _config_row(schedule)))
+    if not rows or rows[-1][1] < MAX_ROWS:
+        raise AssertionError(f"chord.schedule returned no rows up to {MAX_ROWS} for {family}: {table}")
+    return tuple(rows)
+
+
+def get_heuristics_config(
+    layer_config: LayerConfig | dict,
+    shape_m: int | None = None,
+    use_f16_accum: bool = False,
+    use_batch_invariant: bool = False,
+    use_m_major_input_scale: bool = False,
+    gemm_type: Any = "dense",
+    device: Any = None,
+):
+    """Rows ``[(min_m, max_m, config), ...]`` covering every M, or the one config for ``shape_m``.
+
+    ``config["block_shape"] = [block_m, block_n, 64]`` and ``config["schedule"]`` is the Chord
+    schedule id for that range of routed rows.
+    """
+    check_compute_flags(use_f16_accum, use_batch_invariant)
+    if isinstance(layer_config, dict):
+        layer_config = LayerConfig(**layer_config)
+    if not isinstance(layer_config, LayerConfig):
+        raise TypeError(f"layer_config must be a humming LayerConfig, got {type(layer_config).__name__}")
+    rows = _rows(layer_config, family_for(gemm_type, layer_config))
+    if shape_m is None:
+        return [(lo, hi, copy.deepcopy(cfg)) for lo, hi, cfg in rows]
+    return copy.deepcopy(row_for(rows, int(shape_m)))
+
+
+def row_for(rows, shape_m: int) -> dict[str, Any]:
+    """The config of the row vLLM would pick for ``shape_m`` (``min < shape_m <= max``)."""
+    for lo, hi, cfg in rows:
+        if lo < shape_m <= hi:
+            return cfg
+    return rows[0][2] if shape_m <= rows[0][0] else rows[-1][2]
