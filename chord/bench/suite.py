@@ -1,0 +1,215 @@
+"""Benchmark suites: load a suite JSON and pick scenarios by id and family.
+
+A suite (``chord/bench/suites/kimi_k2_h200.json``) lists per-GPU MoE GEMM scenarios. Each one
+fixes a deployment (EP8: 48 local experts; TP8: 384 experts with I/8 per rank), the gate_up and
+down shapes, and the load: ``tok_e`` (rows per local expert, EP8) or ``tokens`` (TP8), plus the
+kernel families it is measured with.
+
+Derived numbers (the ones every other bench module uses):
+
+* ``m``     -- tokens of the call: EP8 ``tok_e * experts / top_k``; TP8 ``tokens``
+* ``rows``  -- routed rows ``m * top_k`` (= vLLM's ``valid_shape_m`` for this GPU)
+* ``rows_per_expert`` -- ``rows / experts`` (what decides a schedule)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+FAMILIES = ("indexed", "grouped_contiguous", "grouped_masked")
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+BASELINES_DIR = Path(__file__).resolve().parent / "baselines"
+DEFAULT_SUITE = SUITES_DIR / "kimi_k2_h200.json"
+DEFAULT_BASELINE = BASELINES_DIR / "humming-0.1.20-h200.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One per-GPU MoE shape and load; ``families`` are the kernel families it is run with."""
+
+    id: str
+    deployment: str  # "EP8" | "TP8"
+    experts: int
+    n_gate_up: int
+    k_gate_up: int
+    n_down: int
+    k_down: int
+    top_k: int = 8
+    tok_e: int | None = None  # EP8: rows per local expert (balanced routing)
+    tokens: int | None = None  # TP8: tokens of the call
+    families: tuple[str, ...] = FAMILIES
+
+    def __post_init__(self) -> None:
+        if self.deployment not in ("EP8", "TP8"):
+            raise ValueError(f"scenario {self.id!r}: deployment must be 'EP8' or 'TP8', got {self.deployment!r}")
+        for name in ("experts", "n_gate_up", "k_gate_up", "n_down", "k_down", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"scenario {self.id!r}: {name} must be a positive int, got {v!r}")
+        if (self.tok_e is None) == (self.tokens is None):
+            raise ValueError(f"scenario {self.id!r}: give exactly one of tok_e (EP8) or tokens (TP8)")
+        if self.tok_e is not None and (self.tok_e * self.experts) % self.top_k:
+            raise ValueError(f"scenario {self.id!r}: tok_e*experts = {self.tok_e * self.experts} is not a "
+                             f"multiple of top_k={self.top_k}, so no balanced routing exists")
+        if self.top_k > self.experts:
+            raise ValueError(f"scenario {self.id!r}: top_k={self.top_k} > experts={self.experts}")
+        bad = [f for f in self.families if f not in FAMILIES]
+        if bad:
+            raise ValueError(f"scenario {self.id!r}: unknown families {bad}; known: {FAMILIES}")
+
+    @property
+    def m(self) -> int:
+        """Tokens of the call."""
+        if self.tok_e is not None:
+            return self.tok_e * self.experts // self.top_k
+        return int(self.tokens)  # type: ignore[arg-type]
+
+    @property
+    def rows(self) -> int:
+        """Routed rows (M * top_k): vLLM's ``valid_shape_m`` for this GPU."""
+        return self.m * self.top_k
+
+    @property
+    def rows_per_expert(self) -> float:
+        return self.rows / self.experts
+
+    @property
+    def balanced(self) -> bool:
+        """EP8 routing gives every local expert exactly ``tok_e`` rows."""
+        return self.tok_e is not None
+
+    @property
+    def profile_deployment(self) -> str:
+        """Deployment entry of a Chord profile (``profiles/h200.json``) this scenario runs under."""
+        if self.deployment == "TP8":
+            return "tp8"
+        return "ep8-decode" if "decode" in self.id else "ep8-prefill"
+
+    @property
+    def weights_key(self) -> tuple:
+        """Scenarios with the same key share one set of expert weights (built once)."""
+        return (self.deployment, self.experts, self.n_gate_up, self.k_gate_up, self.n_down, self.k_down)
+
+    def label(self) -> str:
+        load = f"tok_e={self.tok_e}, " if self.tok_e is not None else ""
+        return f"{self.id} ({self.deployment}, {load}M={self.m}, rows={self.rows})"
+
+    def scaled(self, new_id: str, *, experts: int, n_gate_up: int, k_gate_up: int, top_k: int,
+               tok_e: int | None = None, tokens: int | None = None) -> "Scenario":
+        """A smaller copy with Kimi's structure (down = [N = k_gate_up, K = n_gate_up / 2]), for CPU runs."""
+        return dataclasses.replace(self, id=new_id, experts=experts, n_gate_up=n_gate_up, k_gate_up=k_gate_up,
+                                   n_down=k_gate_up, k_down=n_gate_up // 2, top_k=top_k, tok_e=tok_e, tokens=tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    about: str
+    model: dict
+    routing: dict
+    scenarios: tuple[Scenario, ...]
+    path: str = ""
+
+    @property
+    def ids(self) -> list[str]:
+        return [s.id for s in self.scenarios]
+
+    def scenario(self, scenario_id: str) -> Scenario:
+        for s in self.scenarios:
+            if s.id == scenario_id:
+                return s
+        raise ValueError(f"unknown scenario {scenario_id!r} in suite {self.name!r}; known: {', '.join(self.ids)}")
+
+    def select(self, ids: Iterable[str] | str | None = None,
+               families: Iterable[str] | str | None = None) -> list[tuple[Scenario, tuple[str, ...]]]:
+        """``[(scenario, families to run)]`` in suite order.
+
+        ``ids``/``families``: None (all), a comma-separated string or an iterable. Unknown ids or
+        families raise ``ValueError``; scenarios left with no family after the filter are dropped.
+        """
+        want_ids = _split(ids)
+        want_fam = _split(families)
+        if want_ids is not None:
+            for i in want_ids:
+                self.scenario(i)  # raises on unknown ids
+        if want_fam is not None:
+            bad = [f for f in want_fam if f not in FAMILIES]
+            if bad:
+                raise ValueError(f"unknown families {bad}; known: {', '.join(FAMILIES)}")
+        out = []
+        for s in self.scenarios:
+            if want_ids is not None and s.id not in want_ids:
+                continue
+            fams = tuple(f for f in s.families if want_fam is None or f in want_fam)
+            if fams:
+                out.append((s, fams))
+        return out
+
+
+def _split(v: Iterable[str] | str | None) -> list[str] | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        items = [x.strip() for x in v.split(",")]
+    else:
+        items = [str(x).strip() for x in v]
+    items = [x for x in items if x]
+    return items or None
+
+
+def scenario_from_dict(d: dict, top_k: int) -> Scenario:
+    known = {f.name for f in dataclasses.fields(Scenario)}
+    extra = sorted(set(d) - known)
+    if extra:
+        raise ValueError(f"scenario {d.get('id')!r}: unknown keys {extra}")
+    kw = dict(d)
+    kw.setdefault("top_k", top_k)
+    kw["families"] = tuple(kw.get("families", FAMILIES))
+    return Scenario(**kw)
+
+
+def load_suite(path: str | Path | None = None) -> Suite:
+    """Load a suite JSON (default: the packaged Kimi K2 / H200 suite)."""
+    p = Path(path) if path is not None else DEFAULT_SUITE
+    if not p.exists() and path is not None and (SUITES_DIR / f"{path}.json").exists():
+        p = SUITES_DIR / f"{path}.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"suite file {str(p)!r} not found (packaged suites: "
+                         f"{', '.join(x.stem for x in SUITES_DIR.glob('*.json'))})") from None
+    model = data.get("model", {})
+    top_k = int(model.get("top_k", 8))
+    scenarios = tuple(scenario_from_dict(s, top_k) for s in data["scenarios"])
+    ids = [s.id for s in scenarios]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"suite {p}: duplicate scenario ids {dup}")
+    return Suite(data.get("name", p.stem), data.get("about", ""), model, data.get("routing", {}), scenarios, str(p))
+
+
+def cpu_scenarios() -> list[Scenario]:
+    """Scaled-down EP8 decode and prefill scenarios (Kimi structure, tiny shapes) for CPU runs.
+
+    8 local experts, top-4, gate_up [8, 256, 512], down [8, 512, 128]: the float32 reference
+    path runs in well under a second per family on a laptop CPU.
+    """
+    base = Scenario(id="cpu", deployment="EP8", experts=48, n_gate_up=4096, k_gate_up=7168,
+                    n_down=7168, k_down=2048, tok_e=1)
+    dec = base.scaled("cpu-ep8-decode-tok2", experts=8, n_gate_up=256, k_gate_up=512, tok_e=2, top_k=4)
+    pre = base.scaled("cpu-ep8-prefill-tok24", experts=8, n_gate_up=256, k_gate_up=512, tok_e=24, top_k=4)
+    return [dataclasses.replace(dec, families=("indexed", "grouped_masked")),
+            dataclasses.replace(pre, families=("indexed", "grouped_contiguous"))]
+
+
+Selection = Sequence[tuple[Scenario, tuple[str, ...]]]
+
+
+def scenarios_by_weights(selected: Selection) -> list[list[tuple[Scenario, tuple[str, ...]]]]:
+    """Group a selection by shared weights (one weight build per group), keeping suite order."""
+    groups: dict[tuple, list] = {}
+    for item in selected:
+        groups.setdefault(item[0].weights_key, []).append(item)
+    return list(groups.values())

@@ -1,0 +1,150 @@
+"""The ``chord`` command line: ``chord bench``, ``chord info``, ``chord precompile``.
+
+``chord bench`` runs a suite (see ``chord.bench.runner``); without a CUDA GPU it says so on its
+first line and runs the float32 reference path on scaled-down scenarios instead (exit 0 when
+the reference checks pass). ``chord info`` prints versions, the GPU, the compiler, the cache and
+the profiles. ``chord precompile`` builds every kernel a profile can select.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+from typing import Sequence
+
+
+def _add_bench(sub) -> None:
+    from chord.bench.suite import DEFAULT_SUITE, FAMILIES
+
+    p = sub.add_parser("bench", help="time Chord's MoE GEMMs on a suite against the floors and against Humming",
+                       description="Run a benchmark suite: check, time (do_bench median of gate_up + down), "
+                                   "compare with floors and with upstream Humming.")
+    p.add_argument("--suite", default=None, help=f"suite JSON (default: {DEFAULT_SUITE.name})")
+    p.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
+    p.add_argument("--families", default=None, help=f"comma-separated families of {', '.join(FAMILIES)}")
+    p.add_argument("--humming-dir", default=os.environ.get("CHORD_HUMMING_DIR"),
+                   help="install dir of upstream humming-kernels 0.1.20 (pip install --no-deps --target DIR "
+                        "humming-kernels==0.1.20); runs the Humming baseline in a subprocess. Without it, the "
+                        "committed baseline numbers are shown, labelled as such. Default $CHORD_HUMMING_DIR")
+    p.add_argument("--out", default="bench-out", help="output dir for results.json, report.html, table.txt")
+    p.add_argument("--quick", action="store_true",
+                   help="shorter timing (warm-up 10 ms, rep 60 ms) and, without --scenarios, 4 representative "
+                        "scenarios")
+    p.add_argument("--seed", type=int, default=0, help="base seed of routing and data (0 = the suite's rule)")
+    p.add_argument("--check-rows", type=int, default=512, help="routed rows checked against chord.reference")
+    p.add_argument("--profile", default="h200", help="Chord profile file (profiles/<name>.json)")
+    p.add_argument("--codes", choices=("full", "sym7"), default="full",
+                   help="INT4 code range of the random weights: full [-8,7] or sym7 [-7,7]")
+    p.add_argument("--humming-tuning-rows", choices=("all", "matching"), default="all",
+                   help="give Humming vLLM's whole tuning table (default) or only the row it selects "
+                        "(same kernel, far less JIT time)")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="time eager calls instead of CUDA-graph replays (host/launch time then counts too)")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from chord.bench import runner
+
+    if args.check_rows < 1:
+        print("chord bench: --check-rows must be >= 1", file=sys.stderr)
+        return 2
+    opts = runner.BenchOptions(suite=args.suite, scenarios=args.scenarios, families=args.families,
+                               humming_dir=args.humming_dir, out_dir=args.out, quick=args.quick, seed=args.seed,
+                               check_rows=args.check_rows, profile_file=args.profile, codes=args.codes,
+                               humming_tuning_rows=args.humming_tuning_rows, cuda_graph=not args.no_cuda_graph)
+    try:
+        return runner.main(opts)
+    except ValueError as exc:
+        print(f"chord bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    import chord
+
+    def line(k: str, v) -> None:
+        print(f"{k:22s} {v}")
+
+    line("chord", f"{chord.__version__} ({os.path.dirname(chord.__file__)})")
+    line("python", platform.python_version())
+    line("torch", torch.__version__)
+    for mod in ("triton", "plotly", "nvtx", "ipywidgets"):
+        spec = importlib.util.find_spec(mod)
+        if spec is None:
+            line(mod, "not installed")
+        else:
+            try:
+                line(mod, getattr(__import__(mod), "__version__", "installed"))
+            except Exception as exc:  # a broken optional install must not break `chord info`
+                line(mod, f"import failed: {type(exc).__name__}")
+    spec = importlib.util.find_spec("humming")
+    line("import humming ->", spec.origin if spec else "not found")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            line(f"cuda:{i}", f"{p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+                              f"{p.total_memory / 2**30:.0f} GiB")
+    else:
+        line("cuda", "no CUDA GPU visible (chord bench runs the CPU reference path)")
+    try:
+        from chord import jit
+
+        try:
+            nvcc = jit.nvcc_path()
+            line("nvcc", f"{nvcc} ({jit.nvcc_version(nvcc)})")
+        except Exception as exc:
+            line("nvcc", str(exc))
+        line("kernel cache", jit.cache_dir())
+    except ImportError as exc:  # pragma: no cover
+        line("chord.jit", f"unavailable: {exc}")
+    try:
+        from chord._resources import profiles_dir
+        from chord.schedule import load_profile_file
+
+        pf = load_profile_file("h200")
+        line("profiles", f"{profiles_dir()} (h200: {', '.join(sorted(pf.deployments))})")
+    except Exception as exc:
+        line("profiles", f"unavailable: {exc}")
+    from chord.bench.suite import BASELINES_DIR, SUITES_DIR
+
+    line("suites", ", ".join(sorted(p.name for p in SUITES_DIR.glob("*.json"))))
+    line("baselines", ", ".join(sorted(p.name for p in BASELINES_DIR.glob("*.json"))))
+    for k in sorted(k for k in os.environ if k.startswith("CHORD_")):
+        line(k, os.environ[k])
+    return 0
+
+
+def _cmd_precompile(args: argparse.Namespace) -> int:
+    from chord import jit
+
+    results = jit.precompile_profile(args.profile, progress=not args.quiet)
+    print(f"chord precompile: {len(results)} kernels of profile {args.profile} ready in {jit.cache_dir()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,info,precompile}")
+    sub.required = True
+    _add_bench(sub)
+    pi = sub.add_parser("info", help="versions, GPU, compiler, kernel cache, profiles")
+    pi.set_defaults(func=_cmd_info)
+    pp = sub.add_parser("precompile", help="build every kernel a profile can select (into the kernel cache)")
+    pp.add_argument("--profile", default="h200", help="profile file name (profiles/<name>.json)")
+    pp.add_argument("--quiet", action="store_true", help="no progress bar")
+    pp.set_defaults(func=_cmd_precompile)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
