@@ -229,10 +229,10 @@ def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str,
         int(num_valid_tokens is not None and num_valid_tokens.dtype == torch.int64), vec)
     items = -(-cols // (8 if vec else 1))  # work items per row
     threads = min(256, max(32, -(-items // 32) * 32))
-    device_index = inputs.device.index if inputs.device.index is not None else torch.cuda.current_device()
+    device_index = inputs.get_device()
     grid = max(1, min(rows, _num_sms(device_index) * 16))
     kernel = kernel_for(act_type, impl)
-    stream = torch.cuda.current_stream(inputs.device).cuda_stream
+    stream = torch.cuda.current_stream(device_index).cuda_stream
     _chord.launch(kernel, (grid, 1, 1), (threads, 1, 1), params, device_index, stream)
 
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from humming import _chord, ops, tune
-from humming.config import GemmType, LayerConfig
+from humming.config import LayerConfig
 from humming.errors import ChordUnsupportedError
 
 __all__ = ["humming_forward", "may_process_input", "may_quant_input"]
@@ -64,20 +64,33 @@ def _tuning_rows(tuning_config: str) -> tuple:
     return tuple(out)
 
 
+_PLANS: dict = {}
+
+
 @torch.compiler.assume_constant_result
 def _plan(compute_config: Optional[str], tuning_config: Optional[str], config: LayerConfig,
           valid_shape_m: int) -> tuple[str, str, int]:
-    """(family, schedule id, block_m) of one call: a pure function of host values, memoized."""
-    gemm_type = _compute_flags(compute_config)
-    family = tune.family_for(gemm_type, config)
-    if tuning_config is not None:
-        cfg = tune.row_for(_tuning_rows(tuning_config), valid_shape_m)
-    else:
-        cfg = tune.row_for(tune._rows(config, family), valid_shape_m)
-    if cfg.get("family", family) != family:
-        raise ValueError(f"tuning_config was made for the {cfg.get('family')} family, but compute_config asks for "
-                         f"{gemm_type}")
-    return family, cfg["schedule"], int(cfg["block_shape"][0])
+    """(family, schedule id, block_m) of one call: a pure function of host values, memoized.
+
+    Marked constant for torch.compile (JSON parsing is not traceable); in eager mode it is one
+    dict lookup per call once warm.
+    """
+    key = (compute_config, tuning_config, valid_shape_m, bool(config.num_experts)) if tuning_config is not None \
+        else (compute_config, None, valid_shape_m, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        gemm_type = _compute_flags(compute_config)
+        family = tune.family_for(gemm_type, config)
+        rows = _tuning_rows(tuning_config) if tuning_config is not None else tune._rows(config, family)
+        cfg = tune.row_for(rows, valid_shape_m)
+        if cfg.get("family", family) != family:
+            raise ValueError(f"tuning_config was made for the {cfg.get('family')} family, but compute_config asks "
+                             f"for {gemm_type}")
+        plan = (family, cfg["schedule"], int(cfg["block_shape"][0]))
+        if len(_PLANS) > 65536:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2,
@@ -113,51 +126,57 @@ def humming_forward(
     hadamard_block_size: Optional[int] = None,
     use_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
-    """One W4A16 GEMM of `config` on Chord's kernels, written into (and returning) `outputs`."""
+    """One W4A16 GEMM of `config` on Chord's kernels, written into (and returning) `outputs`.
+
+    Argument dtypes, devices and contiguity are checked by the op itself (chord.ops) before launch.
+    """
+    if (zero_point is not None or bias is not None or weight_scale_2 is not None or input_scale is not None
+            or input_scale_2 is not None or (hadamard_block_size is not None and hadamard_block_size > 1)):
+        _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2, hadamard_block_size)
     if not isinstance(config, LayerConfig):
         raise TypeError(f"humming_forward: config must be a humming LayerConfig (from "
                         f"prepare_and_transform_humming_tensors), got {type(config).__name__}")
-    _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2, hadamard_block_size)
-    if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.bfloat16:
-        raise ChordUnsupportedError(f"humming_forward on {getattr(inputs, 'dtype', type(inputs))} inputs",
-                                    "Chord reads bf16 activations.")
+    if inputs.dtype != torch.bfloat16:
+        raise ChordUnsupportedError(f"humming_forward on {inputs.dtype} inputs", "Chord reads bf16 activations.")
     if weight_scale is None:
         raise ValueError("humming_forward: weight_scale is required (the layer's 'weight_scale' tensor)")
 
-    n, k, kn, kk = config.n, config.k, config.shape_n, config.shape_k
+    kn, kk = config.shape_n, config.shape_k
     x = inputs
     if x.shape[-1] != kk:
+        k = config.k
         if x.shape[-1] != k:
             raise ValueError(f"humming_forward: inputs must have K={k} (or padded {kk}) columns, got {tuple(x.shape)}")
         x = torch.nn.functional.pad(x, (0, kk - k))
-    if not x.is_contiguous():
+    elif not x.is_contiguous():
         x = x.contiguous()
+    if x.dim() != 2 and not (x.dim() == 3 and expert_layout is not None):
+        x = x.reshape(-1, kk)
 
-    compute_key = _as_key(compute_config)
-    gemm_type = _compute_flags(compute_key)
-    rows_in = x.numel() // x.shape[-1]
-    if gemm_type == GemmType.INDEXED.value:
-        out_rows = rows_in * top_k
-    else:
-        out_rows = rows_in
-    m = int(valid_shape_m) if valid_shape_m and valid_shape_m > 0 else out_rows
-    family, schedule, block_m = _plan(compute_key, _as_key(tuning_config), config, m)
+    compute_key = compute_config if compute_config is None or type(compute_config) is str else _as_key(compute_config)
+    tuning_key = tuning_config if tuning_config is None or type(tuning_config) is str else _as_key(tuning_config)
+    indexed = _compute_flags(compute_key) == "indexed"
+    rows_out = (x.shape[0] * top_k) if indexed else (x.numel() // kk)
+    m = valid_shape_m if valid_shape_m and valid_shape_m > 0 else rows_out
+    family, schedule, block_m = _plan(compute_key, tuning_key, config, int(m))
 
-    out_shape = (*x.shape[:-1], n) if gemm_type != GemmType.INDEXED.value else (out_rows, n)
     if outputs is None:
-        outputs = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
-    elif outputs.dtype != torch.bfloat16 or outputs.device != x.device or outputs.shape[-1] not in (n, kn):
-        raise ValueError(f"humming_forward: outputs must be bf16 on {x.device} with {n} columns, got "
-                         f"{outputs.dtype} {tuple(outputs.shape)} on {outputs.device}")
-    direct = outputs.shape[-1] == kn and outputs.is_contiguous()
-    out = outputs if direct else torch.empty((*outputs.shape[:-1], kn), dtype=torch.bfloat16, device=x.device)
+        n = config.n
+        outputs = torch.empty((rows_out, n) if x.dim() == 2 else (*x.shape[:-1], n), dtype=torch.bfloat16,
+                              device=x.device)
+    out = outputs
+    if outputs.shape[-1] != kn or not outputs.is_contiguous():  # vLLM padded N: run into a padded temporary
+        if outputs.shape[-1] != config.n:
+            raise ValueError(f"humming_forward: outputs must have N={config.n} (or padded {kn}) columns, got "
+                             f"{tuple(outputs.shape)}")
+        out = torch.empty((*outputs.shape[:-1], kn), dtype=torch.bfloat16, device=x.device)
 
     if family == "indexed":
         if sorted_ids is None or expert_ids is None or num_tokens_padded is None:
             raise ValueError("humming_forward: the indexed GEMM needs sorted_ids, expert_ids and num_tokens_padded "
                              "(vLLM's moe_align_block_size outputs)")
-        _chord.gemm_indexed(x.reshape(-1, kk), weight, weight_scale, sorted_ids, expert_ids, num_tokens_padded,
-                            out.view(-1, kn), int(top_k), block_m, schedule)
+        _chord.gemm_indexed(x, weight, weight_scale, sorted_ids, expert_ids, num_tokens_padded,
+                            out if out.dim() == 2 else out.view(-1, kn), int(top_k), block_m, schedule)
     elif family == "grouped_masked":
         if expert_layout is None:
             raise ValueError("humming_forward: the grouped_masked GEMM needs expert_layout (tokens per expert, int32 [E])")
@@ -166,11 +185,12 @@ def humming_forward(
         if expert_layout is None:
             raise ValueError("humming_forward: the grouped_contiguous GEMM needs expert_layout (expert offsets, "
                              "int64 [E+1])")
-        _chord.gemm_contiguous(x.reshape(-1, kk), weight, weight_scale, expert_layout, out.view(-1, kn), schedule)
+        _chord.gemm_contiguous(x, weight, weight_scale, expert_layout, out if out.dim() == 2 else out.view(-1, kn),
+                               schedule)
     else:  # dense: one expert covering every row
-        x2 = x.reshape(-1, kk)
-        offsets = torch.arange(2, dtype=torch.int64, device=x.device) * x2.shape[0]
-        _chord.gemm_contiguous(x2, weight, weight_scale, offsets, out.view(-1, kn), schedule)
+        offsets = torch.arange(2, dtype=torch.int64, device=x.device) * x.shape[0]
+        _chord.gemm_contiguous(x, weight, weight_scale, offsets, out if out.dim() == 2 else out.view(-1, kn),
+                               schedule)
 
     if out is not outputs:
         outputs.copy_(out[..., : outputs.shape[-1]])

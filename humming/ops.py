@@ -3,7 +3,7 @@
 For Chord that is only the activation between gate_up and down (plus the row scatter and the
 valid-row bounds that come with it); input quantization and Hadamard rotation are refused.
 The work is one custom op, ``torch.ops.chord.humming_process_input`` (a fake implementation
-makes it traceable by torch.compile): on CUDA tensors it launches the compiled elementwise
+makes it traceable by torch.compile; eager calls skip the dispatcher): on CUDA tensors it launches the compiled elementwise
 kernel of :mod:`humming.activation`, on CPU tensors it evaluates the same expression with torch.
 """
 from __future__ import annotations
@@ -20,11 +20,10 @@ __all__ = ["process_input"]
 _BACKENDS = ("auto", "cuda", "torch")
 
 
-@torch.library.custom_op("chord::humming_process_input", mutates_args=("outputs",))
-def _process_input_op(inputs: torch.Tensor, outputs: torch.Tensor, scatter_idx: Optional[torch.Tensor],
-                      expert_tokens: Optional[torch.Tensor], num_valid_tokens: Optional[torch.Tensor],
-                      activation_type: str, activation_impl: str, layout: str, zero_invalid: bool,
-                      backend: str) -> None:
+def _process_input_impl(inputs: torch.Tensor, outputs: torch.Tensor, scatter_idx: Optional[torch.Tensor],
+                        expert_tokens: Optional[torch.Tensor], num_valid_tokens: Optional[torch.Tensor],
+                        activation_type: str, activation_impl: str, layout: str, zero_invalid: bool,
+                        backend: str) -> None:
     kwargs = dict(activation_type=activation_type, activation_impl=activation_impl, layout=layout,
                   scatter_idx=scatter_idx, expert_tokens=expert_tokens, num_valid_tokens=num_valid_tokens,
                   zero_invalid=zero_invalid)
@@ -35,21 +34,30 @@ def _process_input_op(inputs: torch.Tensor, outputs: torch.Tensor, scatter_idx: 
         activation.reference(inputs, outputs, **kwargs)
 
 
+@torch.library.custom_op("chord::humming_process_input", mutates_args=("outputs",))
+def _process_input_op(inputs: torch.Tensor, outputs: torch.Tensor, scatter_idx: Optional[torch.Tensor],
+                      expert_tokens: Optional[torch.Tensor], num_valid_tokens: Optional[torch.Tensor],
+                      activation_type: str, activation_impl: str, layout: str, zero_invalid: bool,
+                      backend: str) -> None:
+    _process_input_impl(inputs, outputs, scatter_idx, expert_tokens, num_valid_tokens, activation_type,
+                        activation_impl, layout, zero_invalid, backend)
+
+
 @_process_input_op.register_fake
 def _(inputs, outputs, scatter_idx, expert_tokens, num_valid_tokens, activation_type, activation_impl, layout,
       zero_invalid, backend) -> None:
     return None
 
 
-def _check_index(name: str, t: Optional[torch.Tensor], device: torch.device, dtypes: tuple) -> None:
+def _check_index(name: str, t: Optional[torch.Tensor], device: int, dtypes: tuple) -> None:
     if t is None:
         return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"process_input: {name} must be a tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise TypeError(f"process_input: {name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"process_input: {name} must be on {device} like inputs, got {t.device}")
+    if t.get_device() != device:
+        raise ValueError(f"process_input: {name} must be on the device of inputs, got {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"process_input: {name} must be contiguous")
 
@@ -100,7 +108,7 @@ def process_input(
         raise ChordUnsupportedError(f"process_input on {inputs.dtype} inputs", "Serve the model with --dtype bfloat16.")
     if inputs.stride(-1) != 1:
         raise ValueError("process_input: inputs must have unit stride in the last dimension")
-    dev = inputs.device
+    dev = inputs.get_device()  # -1 on CPU; an int compare is much cheaper than torch.device objects
     cols = activation.out_cols(act_type, inputs.shape[-1]) if activation_type != "none" else inputs.shape[-1]
 
     _check_index("scatter_idx", scatter_idx, dev, (torch.int32,))
@@ -126,18 +134,22 @@ def process_input(
         out_rows = inputs.shape[0]
 
     if outputs is None:
-        outputs = torch.empty(out_rows, cols, dtype=inputs.dtype, device=dev)
+        outputs = torch.empty(out_rows, cols, dtype=inputs.dtype, device=inputs.device)
     else:
         if outputs.dim() != 2:
             outputs = outputs.view(-1, outputs.shape[-1])
-        if outputs.dtype != inputs.dtype or outputs.device != dev:
-            raise ValueError(f"process_input: outputs must be {inputs.dtype} on {dev}, got {outputs.dtype} on "
-                             f"{outputs.device}")
+        if outputs.dtype != inputs.dtype or outputs.get_device() != dev:
+            raise ValueError(f"process_input: outputs must be {inputs.dtype} on {inputs.device}, got {outputs.dtype} "
+                             f"on {outputs.device}")
         if outputs.shape[-1] != cols or outputs.stride(-1) != 1:
             raise ValueError(f"process_input: outputs must have {cols} unit-stride columns for activation "
                              f"{activation_type!r} of {inputs.shape[-1]} input columns, got {tuple(outputs.shape)}")
         if layout != "scatter" and outputs.shape[0] < inputs.shape[0]:
             raise ValueError(f"process_input: outputs must have at least {inputs.shape[0]} rows, got {outputs.shape[0]}")
-    torch.ops.chord.humming_process_input(inputs, outputs, scatter_idx, expert_tokens, num_valid_tokens, act_type,
-                                          impl, layout, bool(zero_invalid), backend)
+    args = (inputs, outputs, scatter_idx, expert_tokens, num_valid_tokens, act_type, impl, layout, bool(zero_invalid),
+            backend)
+    if torch.compiler.is_compiling():
+        torch.ops.chord.humming_process_input(*args)
+    else:  # eager: skip the custom-op dispatcher round trip (tens of microseconds of host time)
+        _process_input_impl(*args)
     return outputs, None, None
