@@ -131,6 +131,10 @@ def now_utc() -> str:
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:
+    """The checkout's commit (+dirty), or $CHORD_COMMIT where the tree has no .git (a copied tree)."""
+    env = os.environ.get("CHORD_COMMIT")
+    if env:
+        return env
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
                               text=True, timeout=10)
