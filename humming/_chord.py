@@ -216,14 +216,20 @@ def _use_reference(x) -> bool:
                      "without a GPU, tests may run the float32 reference with humming._chord.cpu_reference_backend()")
 
 
-def _raw_ops():
-    """chord.ops' raw entry points: the custom ops under torch.compile, the checked implementation in eager
-    mode (the dispatcher round trip alone costs ~30 us of host time per call)."""
+def load_ops() -> None:
+    """Import chord.ops (registers torch.ops.chord.*) and bind its raw entry points: the custom ops
+    under torch.compile, the checked implementation in eager mode (the dispatcher round trip alone
+    costs ~30 us of host time per call). Called when humming.forward is imported, not at `import humming`."""
     global _RAW
     if _RAW is None:
         from chord import ops
 
         _RAW = (ops.gemm_indexed_raw, ops.gemm_contiguous_raw, ops.gemm_masked_raw)
+
+
+def _raw_ops():
+    if _RAW is None:
+        load_ops()
     return _RAW
 
 

@@ -32,6 +32,8 @@ from humming.errors import ChordUnsupportedError
 
 __all__ = ["humming_forward", "may_process_input", "may_quant_input"]
 
+_chord.load_ops()  # torch.ops.chord.* registered before anything is traced
+
 
 def _as_key(config: Any) -> Optional[str]:
     if config is None or isinstance(config, str):
@@ -68,20 +70,25 @@ _PLANS: dict = {}
 
 
 @torch.compiler.assume_constant_result
-def _plan(compute_config: Optional[str], tuning_config: Optional[str], config: LayerConfig,
-          valid_shape_m: int) -> tuple[str, str, int]:
+def _gemm_kind(compute_config: Optional[str]) -> str:
+    """gemm_type of a compute_config string (constant for torch.compile: JSON is not traceable)."""
+    return _compute_flags(compute_config)
+
+
+def _plan(compute_config: Optional[str], tuning_config: Optional[str], num_experts: int, shape_n: int,
+          shape_k: int, valid_shape_m: int) -> tuple[str, str, int]:
     """(family, schedule id, block_m) of one call: a pure function of host values, memoized.
 
-    Marked constant for torch.compile (JSON parsing is not traceable); in eager mode it is one
-    dict lookup per call once warm.
+    It runs inside :func:`_gemm` (an opaque custom op under torch.compile), so a symbolic
+    ``valid_shape_m`` reaches it as a concrete int; in eager mode it is one dict lookup per call.
     """
-    key = (compute_config, tuning_config, valid_shape_m, bool(config.num_experts)) if tuning_config is not None \
-        else (compute_config, None, valid_shape_m, config)
+    key = (compute_config, tuning_config, num_experts, shape_n, shape_k, valid_shape_m)
     plan = _PLANS.get(key)
     if plan is None:
         gemm_type = _compute_flags(compute_config)
-        family = tune.family_for(gemm_type, config)
-        rows = _tuning_rows(tuning_config) if tuning_config is not None else tune._rows(config, family)
+        family = tune.family_for(gemm_type, num_experts)
+        rows = (_tuning_rows(tuning_config) if tuning_config is not None
+                else tune.rows_for(family, num_experts or 1, shape_n, shape_k))
         cfg = tune.row_for(rows, valid_shape_m)
         if cfg.get("family", family) != family:
             raise ValueError(f"tuning_config was made for the {cfg.get('family')} family, but compute_config asks "
@@ -155,46 +162,80 @@ def humming_forward(
 
     compute_key = compute_config if compute_config is None or type(compute_config) is str else _as_key(compute_config)
     tuning_key = tuning_config if tuning_config is None or type(tuning_config) is str else _as_key(tuning_config)
-    indexed = _compute_flags(compute_key) == "indexed"
-    rows_out = (x.shape[0] * top_k) if indexed else (x.numel() // kk)
-    m = valid_shape_m if valid_shape_m and valid_shape_m > 0 else rows_out
-    family, schedule, block_m = _plan(compute_key, tuning_key, config, int(m))
+    gemm = _gemm_kind(compute_key)
+    if gemm == "indexed":
+        if sorted_ids is None or expert_ids is None or num_tokens_padded is None:
+            raise ValueError("humming_forward: the indexed GEMM needs sorted_ids, expert_ids and num_tokens_padded "
+                             "(vLLM's moe_align_block_size outputs)")
+        rows_out = x.shape[0] * top_k
+    else:
+        if gemm != "dense" and expert_layout is None:
+            raise ValueError(f"humming_forward: the {gemm} GEMM needs expert_layout (expert offsets int64 [E+1] for "
+                             "grouped_contiguous, tokens per expert int32 [E] for grouped_masked)")
+        rows_out = x.numel() // kk
+    m = valid_shape_m if valid_shape_m is not None and valid_shape_m > 0 else rows_out
 
     if outputs is None:
         n = config.n
         outputs = torch.empty((rows_out, n) if x.dim() == 2 else (*x.shape[:-1], n), dtype=torch.bfloat16,
                               device=x.device)
     out = outputs
-    if outputs.shape[-1] != kn or not outputs.is_contiguous():  # vLLM padded N: run into a padded temporary
+    through_temp = outputs.shape[-1] != kn or not outputs.is_contiguous()
+    if through_temp:  # vLLM padded N: run into a padded temporary
         if outputs.shape[-1] != config.n:
             raise ValueError(f"humming_forward: outputs must have N={config.n} (or padded {kn}) columns, got "
                              f"{tuple(outputs.shape)}")
         out = torch.empty((*outputs.shape[:-1], kn), dtype=torch.bfloat16, device=x.device)
+    if gemm != "grouped_masked" and out.dim() != 2:
+        out = out.view(-1, kn)
+    if gemm == "dense":  # one expert covering every row
+        expert_layout = torch.arange(2, dtype=torch.int64, device=x.device) * x.shape[0]
 
-    if family == "indexed":
-        if sorted_ids is None or expert_ids is None or num_tokens_padded is None:
-            raise ValueError("humming_forward: the indexed GEMM needs sorted_ids, expert_ids and num_tokens_padded "
-                             "(vLLM's moe_align_block_size outputs)")
-        _chord.gemm_indexed(x, weight, weight_scale, sorted_ids, expert_ids, num_tokens_padded,
-                            out if out.dim() == 2 else out.view(-1, kn), int(top_k), block_m, schedule)
-    elif family == "grouped_masked":
-        if expert_layout is None:
-            raise ValueError("humming_forward: the grouped_masked GEMM needs expert_layout (tokens per expert, int32 [E])")
-        _chord.gemm_masked(x, weight, weight_scale, expert_layout, out, schedule)
-    elif config.num_experts:  # grouped_contiguous
-        if expert_layout is None:
-            raise ValueError("humming_forward: the grouped_contiguous GEMM needs expert_layout (expert offsets, "
-                             "int64 [E+1])")
-        _chord.gemm_contiguous(x, weight, weight_scale, expert_layout, out if out.dim() == 2 else out.view(-1, kn),
-                               schedule)
-    else:  # dense: one expert covering every row
-        offsets = torch.arange(2, dtype=torch.int64, device=x.device) * x.shape[0]
-        _chord.gemm_contiguous(x, weight, weight_scale, offsets, out if out.dim() == 2 else out.view(-1, kn),
-                               schedule)
+    args = (x, weight, weight_scale, out, sorted_ids, expert_ids, num_tokens_padded, expert_layout, int(top_k), m,
+            compute_key or "", tuning_key or "", config.num_experts, kn, kk)
+    if torch.compiler.is_compiling():
+        torch.ops.chord.humming_gemm(*args)
+    else:  # eager: skip the custom-op dispatcher round trip
+        _gemm(*args)
 
-    if out is not outputs:
-        outputs.copy_(out[..., : outputs.shape[-1]])
+    if through_temp:
+        outputs.copy_(out.view(*outputs.shape[:-1], kn)[..., : outputs.shape[-1]])
     return outputs
+
+
+def _gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, out: torch.Tensor,
+          sorted_ids: Optional[torch.Tensor], expert_ids: Optional[torch.Tensor],
+          num_tokens_padded: Optional[torch.Tensor], expert_layout: Optional[torch.Tensor], top_k: int,
+          valid_shape_m: int, compute_config: str, tuning_config: str, num_experts: int, shape_n: int,
+          shape_k: int) -> None:
+    """Pick the schedule of the row vLLM used and run the family's op (kernel-shaped x and out)."""
+    family, schedule, block_m = _plan(compute_config or None, tuning_config or None, num_experts, shape_n, shape_k,
+                                      int(valid_shape_m))
+    if family == "indexed":
+        _chord.gemm_indexed(x, weight, weight_scale, sorted_ids, expert_ids, num_tokens_padded, out, top_k, block_m,
+                            schedule)
+    elif family == "grouped_masked":
+        _chord.gemm_masked(x, weight, weight_scale, expert_layout, out, schedule)
+    else:  # grouped_contiguous, and dense layers as one expert
+        _chord.gemm_contiguous(x, weight, weight_scale, expert_layout, out, schedule)
+
+
+@torch.library.custom_op("chord::humming_gemm", mutates_args=("out",))
+def _humming_gemm_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, out: torch.Tensor,
+                     sorted_ids: Optional[torch.Tensor], expert_ids: Optional[torch.Tensor],
+                     num_tokens_padded: Optional[torch.Tensor], expert_layout: Optional[torch.Tensor], top_k: int,
+                     valid_shape_m: int, compute_config: str, tuning_config: str, num_experts: int, shape_n: int,
+                     shape_k: int) -> None:
+    """humming_forward's GEMM as one op for torch.compile: the tuning row is looked up at run time, so a
+    dynamic ``valid_shape_m`` is fine (argument checks run in chord's op it calls)."""
+    _gemm(x, weight, weight_scale, out, sorted_ids, expert_ids, num_tokens_padded, expert_layout, top_k,
+          valid_shape_m, compute_config, tuning_config, num_experts, shape_n, shape_k)
+
+
+@_humming_gemm_op.register_fake
+def _(x, weight, weight_scale, out, sorted_ids, expert_ids, num_tokens_padded, expert_layout, top_k, valid_shape_m,
+      compute_config, tuning_config, num_experts, shape_n, shape_k) -> None:
+    return None
 
 
 def may_process_input(

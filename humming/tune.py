@@ -44,11 +44,13 @@ def _gemm_type(gemm_type: Any) -> GemmType:
         raise ValueError(f"gemm_type must be one of {[g.value for g in GemmType]}, got {gemm_type!r}") from None
 
 
-def family_for(gemm_type: Any, layer_config: LayerConfig) -> str:
+def family_for(gemm_type: Any, layer_config: "LayerConfig | int") -> str:
+    """Chord kernel family of a gemm_type for a layer (or its num_experts: 0 = dense)."""
     gt = _gemm_type(gemm_type)
-    if gt is GemmType.DENSE and layer_config.num_experts:
-        raise ValueError(f"gemm_type 'dense' for an MoE layer of {layer_config.num_experts} experts")
-    if gt is not GemmType.DENSE and not layer_config.num_experts:
+    num_experts = layer_config if isinstance(layer_config, int) else layer_config.num_experts
+    if gt is GemmType.DENSE and num_experts:
+        raise ValueError(f"gemm_type 'dense' for an MoE layer of {num_experts} experts")
+    if gt is not GemmType.DENSE and not num_experts:
         raise ValueError(f"gemm_type {gt.value!r} needs an MoE layer (LayerConfig.num_experts > 0)")
     return _FAMILY[gt]
 
@@ -77,9 +79,14 @@ def _config_row(schedule) -> dict[str, Any]:
     }
 
 
-@lru_cache(maxsize=1024)
 def _rows(layer_config: LayerConfig, family: str) -> tuple[tuple[int, int, dict[str, Any]], ...]:
-    table = _chord.schedule_rows(family, layer_config.kernel_experts, layer_config.shape_n, layer_config.shape_k)
+    return rows_for(family, layer_config.kernel_experts, layer_config.shape_n, layer_config.shape_k)
+
+
+@lru_cache(maxsize=1024)
+def rows_for(family: str, num_experts: int, shape_n: int, shape_k: int) -> tuple[tuple[int, int, dict[str, Any]], ...]:
+    """The rows of a layer with `num_experts` (packed) experts of padded size shape_n x shape_k."""
+    table = _chord.schedule_rows(family, num_experts, shape_n, shape_k)
     rows = []
     for i, (lo, hi, schedule) in enumerate(table):
         # the first row also takes valid_shape_m == 0 (vLLM matches min < m <= max)

@@ -632,3 +632,35 @@ def test_indexed_forward_under_torch_compile_and_cuda_graph():
     torch.cuda.synchronize()
     y = (d.float().view(M, top_k, H) * weights.unsqueeze(-1)).sum(1)
     assert _rel_err(y, ref) < 1e-2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU variant; the GPU test above compiles the real kernels")
+@pytest.mark.parametrize("case", ["indexed-ep-scatter", "grouped-contiguous-padded", "grouped-masked-ep"])
+def test_vllm_sequence_traces_with_fullgraph_torch_compile_cpu(case, monkeypatch):
+    """Every humming call of vLLM's sequence compiles with torch.compile(fullgraph=True): no graph break.
+
+    No GPU here, so the chord ops' bodies are pointed at chord.reference (chord.ops' private
+    ``_gemm_*_impl`` hooks: if chord.ops renames them, update this test) while their fake
+    implementations trace, and humming's device check is bypassed so the op path is traced.
+    """
+    import chord.ops as chord_ops
+    import humming.forward as hf
+    from humming import _reference
+
+    monkeypatch.setattr(chord_ops, "_gemm_indexed_impl",
+                        lambda x, qw, sc, si, ei, ntp, out, top_k, bm, s: _reference.gemm_indexed(
+                            x, qw, sc, si, ei, ntp, out, top_k, bm))
+    monkeypatch.setattr(chord_ops, "_gemm_contiguous_impl",
+                        lambda x, qw, sc, off, out, s: _reference.gemm_contiguous(x, qw, sc, off, out))
+    monkeypatch.setattr(chord_ops, "_gemm_masked_impl",
+                        lambda x, qw, sc, cnt, out, s: _reference.gemm_masked(x, qw, sc, cnt, out))
+    monkeypatch.setattr(_chord, "_use_reference", lambda x: False)
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 64)
+    torch._dynamo.reset()
+    monkeypatch.setattr(hf, "humming_forward", torch.compile(hf.humming_forward, fullgraph=True))
+    monkeypatch.setattr(hf, "may_process_input", torch.compile(hf.may_process_input, fullgraph=True))
+    family, e_local, e_global, hidden, inter, M, top_k, group, entry, scatter = CPU_CASES[case]
+    err, _, _ = run_scenario("cpu", family=family, num_local=e_local, num_global=e_global, hidden=hidden,
+                             inter=inter, M=M, top_k=top_k, group_size=group, entry=entry, use_scatter=scatter)
+    torch._dynamo.reset()
+    assert err < 1e-2, f"{case}: relative error {err:.3g} under torch.compile"
