@@ -65,13 +65,6 @@ def packed_experts(qweight, scales):
     return PackedExperts(qweight, scales, e, nt * 16, kb * 64)
 
 
-def dequantized_experts(qweight, scales):
-    """float32 [E, N, K] weight of raw swap16 tensors (exact)."""
-    from chord.formats import unpack_experts
-
-    return unpack_experts(packed_experts(qweight, scales)).dequantize()
-
-
 def quantized_experts(qweight, scales):
     """chord.formats.QuantizedExperts (int8 codes + bf16 group-32 scales) of raw swap16 tensors."""
     from chord.formats import unpack_experts
@@ -113,15 +106,6 @@ def reference_masked(x3, qweight, scales, expert_num_tokens):
     return masked_gemm_ref(x3, quantized_experts(qweight, scales), None, expert_num_tokens)
 
 
-def moe_reference(hidden_states, w13_qweight, w13_scales, w2_qweight, w2_scales, topk_weights, topk_ids,
-                  expert_map=None, *, bf16_intermediates=False):
-    """chord.reference.moe_ref of a layer given in the swap16 layout (float32 [M, K])."""
-    from chord.reference import moe_ref
-
-    return moe_ref(hidden_states, quantized_experts(w13_qweight, w13_scales), quantized_experts(w2_qweight, w2_scales),
-                   topk_weights, topk_ids, expert_map, bf16_intermediates=bf16_intermediates)
-
-
 # --------------------------------------------------------------------------------------------
 # chord.schedule
 
@@ -147,12 +131,6 @@ def select_schedule(family: str, num_experts: int, n: int, k: int, rows: int, to
 
     prob = Problem(family, num_experts, n, k, rows=max(0, int(rows)), top_k=top_k)
     return select(_profile(family, num_experts, n, k), prob)
-
-
-def schedule_from_id(schedule_id: str):
-    from chord.schedule import Schedule
-
-    return Schedule.from_id(schedule_id)
 
 
 def schedule_as_dict(schedule) -> dict:
