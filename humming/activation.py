@@ -92,59 +92,55 @@ __device__ __forceinline__ uint4 chord_compute8(const __nv_bfloat16* row, long l
   return *reinterpret_cast<uint4*>(y);
 }
 
+// write(dst_row, ok) for every destination row of input row r (ok == false: write zeros)
+template <typename Write>
+__device__ __forceinline__ void chord_destinations(const ChordActParams& p, long long r, bool row_ok,
+                                                   long long nv, Write write) {
+  if (p.layout != 2) {
+    write(r, row_ok);
+    return;
+  }
+  for (long long c = 0; c < p.scatter_cols; ++c) {
+    const long long dst = p.scatter_idx[r * p.scatter_cols + c];
+    if (dst < 0 || dst >= p.out_rows) continue;
+    const bool ok = dst < nv;
+    if (ok || p.zero_invalid) write(dst, ok);
+  }
+}
+
 extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
   long long nv = 0x7fffffffffffffffLL;
   if (p.num_valid != nullptr)
     nv = p.num_valid_is_64 ? *reinterpret_cast<const long long*>(p.num_valid)
                            : (long long)(*reinterpret_cast<const int*>(p.num_valid));
-  const uint4 zero8 = make_uint4(0u, 0u, 0u, 0u);
   for (long long r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const __nv_bfloat16* row = p.in + r * p.in_stride;
-    long long ndst = 1;
-    bool row_ok = true;
-    if (p.layout == 2) {
-      ndst = p.scatter_cols;
-    } else if (p.layout == 1) {
+    bool row_ok = true;  // scatter: validity is per destination
+    if (p.layout == 1) {
       const long long e = r / p.max_rows;
       row_ok = (r - e * p.max_rows) < (long long)p.expert_tokens[e];
-    } else {
+    } else if (p.layout == 0) {
       row_ok = r < nv;
     }
     if (!row_ok && !p.zero_invalid) continue;
     if (p.vec) {
       for (long long j = 8LL * threadIdx.x; j < p.cols; j += 8LL * blockDim.x) {
-        const uint4 y = row_ok ? chord_compute8(row, p.cols, j) : zero8;
-        for (long long c = 0; c < ndst; ++c) {
-          long long dst = r;
-          bool ok = row_ok;
-          if (p.layout == 2) {
-            dst = p.scatter_idx[r * p.scatter_cols + c];
-            if (dst < 0 || dst >= p.out_rows) continue;
-            ok = dst < nv;
-            if (!ok && !p.zero_invalid) continue;
-          }
-          *reinterpret_cast<uint4*>(p.out + dst * p.out_stride + j) = ok ? y : zero8;
-        }
+        const uint4 y = row_ok ? chord_compute8(row, p.cols, j) : make_uint4(0u, 0u, 0u, 0u);
+        chord_destinations(p, r, row_ok, nv, [&](long long dst, bool ok) {
+          *reinterpret_cast<uint4*>(p.out + dst * p.out_stride + j) = ok ? y : make_uint4(0u, 0u, 0u, 0u);
+        });
       }
     } else {
       for (long long j = threadIdx.x; j < p.cols; j += blockDim.x) {
-        float a, b;
         __nv_bfloat16 y = __float2bfloat16_rn(0.f);
         if (row_ok) {
+          float a, b;
           chord_load(row, p.cols, j, a, b);
           y = __float2bfloat16_rn(chord_activation(a, b));
         }
-        for (long long c = 0; c < ndst; ++c) {
-          long long dst = r;
-          bool ok = row_ok;
-          if (p.layout == 2) {
-            dst = p.scatter_idx[r * p.scatter_cols + c];
-            if (dst < 0 || dst >= p.out_rows) continue;
-            ok = dst < nv;
-            if (!ok && !p.zero_invalid) continue;
-          }
+        chord_destinations(p, r, row_ok, nv, [&](long long dst, bool ok) {
           p.out[dst * p.out_stride + j] = ok ? y : __float2bfloat16_rn(0.f);
-        }
+        });
       }
     }
   }
