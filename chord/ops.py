@@ -23,7 +23,7 @@ import torch
 
 from chord import jit
 from chord.profiling import nvtx_range
-from chord.schedule import Problem, Schedule, default_deployment, load_profile, select
+from chord.schedule import Problem, Schedule, load_profile, profile_for, select
 
 if TYPE_CHECKING:  # pragma: no cover
     from chord.formats import PackedExperts
@@ -299,10 +299,10 @@ def _check_packed(name: str, w) -> None:
                         f"got {type(w).__name__}")
 
 
-def _profile_for(w: "PackedExperts", profile, decode: bool):
+def _profile_for(w: "PackedExperts", profile, family: str):
     if profile is not None:
         return load_profile(profile)
-    return load_profile(f"h200:{default_deployment(w.num_experts, w.n, w.k, decode=decode)}")
+    return profile_for(family, w.num_experts, w.n, w.k)
 
 
 def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optional[int] = None,
@@ -314,7 +314,7 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
     top_k = routing.top_k if top_k is None else top_k
     if schedule is None:
         prob = Problem("indexed", w.num_experts, w.n, w.k, rows=x.shape[0] * top_k, top_k=top_k)
-        schedule = select(_profile_for(w, profile, decode=False), prob)
+        schedule = select(_profile_for(w, profile, "indexed"), prob)
         if schedule.block_m != routing.block_m:
             schedule = Schedule("indexed", routing.block_m, schedule.block_n, schedule.warps, schedule.stages,
                                 schedule.ctas_per_sm)
@@ -333,7 +333,7 @@ def gemm_contiguous(x: torch.Tensor, w: "PackedExperts", expert_offsets: torch.T
     _check_packed("w", w)
     if schedule is None:
         prob = Problem("grouped_contiguous", w.num_experts, w.n, w.k, rows=x.shape[0])
-        schedule = select(_profile_for(w, profile, decode=False), prob)
+        schedule = select(_profile_for(w, profile, "grouped_contiguous"), prob)
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(x.shape[0], w.n, dtype=torch.bfloat16, device=x.device)
@@ -351,7 +351,7 @@ def gemm_masked(x: torch.Tensor, w: "PackedExperts", expert_num_tokens: torch.Te
         max_rows = x.shape[1] if x.dim() == 3 else x.shape[0] // max(w.num_experts, 1)
         rows = expected_rows if expected_rows is not None else w.num_experts * max_rows
         prob = Problem("grouped_masked", w.num_experts, w.n, w.k, rows=rows)
-        schedule = select(_profile_for(w, profile, decode=True), prob)
+        schedule = select(_profile_for(w, profile, "grouped_masked"), prob)
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(*x.shape[:-1], w.n, dtype=torch.bfloat16, device=x.device)
@@ -394,7 +394,9 @@ def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExpe
     e = w13.num_experts
     n_route = expert_map.numel() if expert_map is not None else e  # ids index global experts
     rows = m * top_k
-    prof = _profile_for(w13, profile, decode=False)
+    if family not in ("indexed", "grouped_contiguous", "grouped_masked"):
+        raise ValueError(f"family must be one of indexed, grouped_contiguous, grouped_masked; got {family!r}")
+    prof = _profile_for(w13, profile, family)
 
     with nvtx_range("fused_moe", family):
         if family == "indexed":

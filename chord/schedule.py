@@ -231,6 +231,22 @@ def default_deployment(num_experts: int, n: int, k: int, decode: bool = False) -
     return "ep8-decode" if decode else "ep8-prefill"
 
 
+def gpu_profile_name() -> str:
+    """The profile file in use: $CHORD_PROFILE (default `h200`)."""
+    return os.environ.get("CHORD_PROFILE", "h200")
+
+
+def profile_for(family: str, num_experts: int, n: int, k: int) -> Profile:
+    """The deployment profile a weight shape belongs to, in the GPU profile `gpu_profile_name()`.
+
+    The deployment is fixed at load time from the shape (384 experts: TP8; else EP8); the masked
+    family is the EP decode path, so it reads the decode deployment.
+    """
+    _check_family(family)
+    dep = default_deployment(num_experts, n, k, decode=family == "grouped_masked")
+    return load_profile(f"{gpu_profile_name()}:{dep}")
+
+
 def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
     """Schedule from rule knobs, with block_n reduced until it divides n."""
     bm = int(knobs["block_m"])

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-GPU_PROFILE = os.environ.get("CHORD_PROFILE", "h200")
 
 # --------------------------------------------------------------------------------------------
 # chord.formats
@@ -111,12 +110,9 @@ def reference_masked(x3, qweight, scales, expert_num_tokens):
 
 
 def _profile(family: str, num_experts: int, n: int, k: int):
-    # NOTE: mirrors chord.ops._profile_for (masked = decode deployment). Asked the lead for a
-    # public chord.schedule.profile_for(family, num_experts, n, k) so this is not a second copy.
-    from chord.schedule import default_deployment, load_profile
+    from chord.schedule import profile_for
 
-    dep = default_deployment(num_experts, n, k, decode=(family == "grouped_masked"))
-    return load_profile(f"{GPU_PROFILE}:{dep}")
+    return profile_for(family, num_experts, n, k)
 
 
 def schedule_rows(family: str, num_experts: int, n: int, k: int, top_k: int = 1):
