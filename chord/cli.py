@@ -8,6 +8,7 @@ the profiles. ``chord precompile`` builds every kernel a profile can select.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import importlib.util
 import os
 import platform
@@ -127,9 +128,26 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("chord tune: no CUDA GPU here; tuning measures kernels on an sm_90 GPU, nothing to do.")
+        return 2
+    from chord import tune
+
+    points = tune.tune_suite(args.suite, args.scenarios, args.families, profile_file=args.profile,
+                             rep_ms=args.rep_ms)
+    ppath, rpath = tune.write_tuning(points, Path(args.out), profile_file=args.profile)
+    faster = sum(p.best_us < p.default_us for p in points)
+    print(f"chord tune: {len(points)} GEMM points, {faster} faster than the current profile; "
+          f"wrote {ppath} (review, then copy to profiles/) and {rpath}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,info,precompile}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile}")
     sub.required = True
     _add_bench(sub)
     pi = sub.add_parser("info", help="versions, GPU, compiler, kernel cache, profiles")
@@ -138,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--profile", default="h200", help="profile file name (profiles/<name>.json)")
     pp.add_argument("--quiet", action="store_true", help="no progress bar")
     pp.set_defaults(func=_cmd_precompile)
+    pt = sub.add_parser("tune", help="time candidate schedules on a suite and write a tuned profile")
+    pt.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
+    pt.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
+    pt.add_argument("--families", default=None, help="comma-separated families (default: the suite's)")
+    pt.add_argument("--profile", default="h200", help="profile file to start from (profiles/<name>.json)")
+    pt.add_argument("--rep-ms", type=float, default=25.0, help="do_bench rep per candidate (ms)")
+    pt.add_argument("--out", default="tune-out", help="output dir for <profile>.json and tuning.json")
+    pt.set_defaults(func=_cmd_tune)
     return parser
 
 

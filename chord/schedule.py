@@ -125,9 +125,16 @@ class Problem:
 
 @dataclass(frozen=True, eq=False)
 class Rule:
+    """Applies when rows_per_expert <= max_rows_per_expert and k_min <= k <= k_max."""
+
     max_rows_per_expert: float
     schedule: dict
     why: str = ""
+    k_min: int = 0
+    k_max: float = float("inf")
+
+    def matches(self, rows_per_expert: float, k: int) -> bool:
+        return rows_per_expert <= self.max_rows_per_expert and self.k_min <= k <= self.k_max
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,12 +209,15 @@ def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
             parsed = tuple(
                 Rule(float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"]),
                      {k: v for k, v in r.items() if k in ("block_m", "block_n", "warps", "stages", "ctas_per_sm")},
-                     r.get("why", ""))
+                     r.get("why", ""), int(r.get("k_min", 0)),
+                     float("inf") if r.get("k_max") is None else float(r["k_max"]))
                 for r in items
             )
             bounds = [r.max_rows_per_expert for r in parsed]
-            if bounds != sorted(bounds) or bounds[-1] != float("inf"):
-                raise ValueError(f"{path}: rules of {dep}/{family} must be sorted and end with max_rows_per_expert=null")
+            last = parsed[-1]
+            if bounds != sorted(bounds) or last.max_rows_per_expert != float("inf") or last.k_min or last.k_max != float("inf"):
+                raise ValueError(f"{path}: rules of {dep}/{family} must be sorted by max_rows_per_expert and end with "
+                                 "an unconditional rule (max_rows_per_expert=null, no k_min/k_max)")
             rules[family] = parsed
         deployments[dep] = Profile(data["gpu"], dep, rules, str(path))
     return ProfileFile(data["gpu"], deployments, str(path))
@@ -265,9 +275,9 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
     return Schedule(family, bm, bn, warps, stages, ctas)
 
 
-def _rule_for(rules: tuple, rows_per_expert: float) -> Rule:
+def _rule_for(rules: tuple, rows_per_expert: float, k: int) -> Rule:
     for r in rules:
-        if rows_per_expert <= r.max_rows_per_expert:
+        if r.matches(rows_per_expert, k):
             return r
     return rules[-1]
 
@@ -278,8 +288,9 @@ def _explain(profile: Profile, problem: Problem) -> Decision:
     if not rules:
         raise ValueError(f"profile {profile.name} has no rules for family {problem.family!r}")
     rpe = problem.rows_per_expert
-    chosen = _rule_for(rules, rpe)
-    cands = tuple(_fit_schedule(problem.family, r.schedule, problem.n) for r in rules)
+    chosen = _rule_for(rules, rpe, problem.k)
+    cands = tuple(_fit_schedule(problem.family, r.schedule, problem.n) for r in rules
+                  if r.k_min <= problem.k <= r.k_max)
     sched = _fit_schedule(problem.family, chosen.schedule, problem.n)
     bound = "inf" if math.isinf(chosen.max_rows_per_expert) else f"{chosen.max_rows_per_expert:g}"
     reason = (f"{rpe:.2f} rows/expert <= {bound} -> {sched.id}"
@@ -310,6 +321,8 @@ def schedule_table(profile: Profile | str, family: str, num_experts: int, n: int
     out = []
     lo = 0
     for r in rules:
+        if not r.k_min <= k <= r.k_max:
+            continue
         hi = 2**31 - 1 if math.isinf(r.max_rows_per_expert) else int(math.floor(r.max_rows_per_expert * num_experts))
         if hi > lo:
             out.append((lo, hi, _fit_schedule(family, r.schedule, n)))

@@ -1,0 +1,230 @@
+"""`chord tune`: measure candidate schedules on the suite's shapes and write a profile.
+
+For every scenario and family of a suite, and for each of its two GEMMs (gate_up, down), every
+candidate schedule is checked and timed (CUDA-graph replay, do_bench median, L2 flushed), and
+the fastest one becomes a rule of the profile:
+
+* check: a candidate's output must be **bit-identical** to the current profile's schedule on
+  the same inputs. Every schedule runs the same per-thread arithmetic in the same order (the
+  knobs change tiling, occupancy and pipelining, never the reduction order), so any difference
+  is a bug, and the candidate is dropped and reported.
+* rules: per deployment and family, one rule per scenario point, bounded half-way (geometric
+  mean) to the next point's rows per expert; the down GEMM gets its own rule when its K differs
+  (``k_max``). The last rule of each family is unconditional.
+
+The written profile keeps the measurements (device, date, command) in its `about` strings.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+from chord.schedule import MAX_SMEM_PER_CTA, Problem, Schedule, load_profile, select
+
+BLOCK_MS = (8, 16, 32, 64)
+BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
+
+
+def block_m_candidates(rows_per_expert: float) -> tuple[int, ...]:
+    """The block_m that covers an expert's expected rows, and the next smaller one."""
+    need = max(1.0, rows_per_expert)
+    first = next((b for b in BLOCK_MS if b >= need), BLOCK_MS[-1])
+    i = BLOCK_MS.index(first)
+    return tuple(BLOCK_MS[max(0, i - 1): i + 1])
+
+
+def candidates(family: str, n: int, rows_per_expert: float) -> list[Schedule]:
+    out = []
+    for bm in block_m_candidates(rows_per_expert):
+        for bn, warps in BN_WARPS:
+            if n % bn:
+                continue
+            for stages in ((6, 8) if bm <= 16 else (3, 4)):
+                for ctas in (1, 2):
+                    try:
+                        s = Schedule(family, bm, bn, warps, stages, ctas)
+                    except ValueError:
+                        continue
+                    if s.smem_bytes * ctas <= MAX_SMEM_PER_CTA:
+                        out.append(s)
+    return out
+
+
+@dataclasses.dataclass
+class Point:
+    deployment: str
+    family: str
+    gemm: str  # gate_up | down
+    scenario: str
+    rows_per_expert: float
+    n: int
+    k: int
+    best: Schedule
+    best_us: float
+    default: Schedule
+    default_us: float
+    timings: dict  # schedule id -> us
+    rejected: list  # schedule ids that disagreed with the default's output
+
+
+def _gemm_calls(family, sc, data, fi, w13, w2):
+    """Yields (gemm, n, k, problem, make_fn(schedule) -> (fn, out))."""
+    import torch
+
+    from chord import ops, routing
+
+    e = sc.experts
+    routes: dict[int, object] = {}
+
+    def route(bm):
+        if bm not in routes:
+            routes[bm] = routing.align_block_size(data.topk_ids, bm, e)
+        return routes[bm]
+
+    specs = (("gate_up", w13, sc.n_gate_up, sc.k_gate_up, fi.gate_up_in, sc.top_k),
+             ("down", w2, sc.n_down, sc.k_down, fi.down_in, 1))
+    for gemm, w, n, k, x, top_k in specs:
+        rows = sc.rows
+        prob = Problem(family, e, n, k, rows, top_k if family == "indexed" else 1)
+
+        def make(s, w=w, n=n, x=x, top_k=top_k):
+            if family == "indexed":
+                out = torch.empty(sc.rows, n, dtype=torch.bfloat16, device=x.device)
+                r = route(s.block_m)
+                return (lambda: ops.gemm_indexed(x, w, r, top_k=top_k, out=out, schedule=s)), out
+            if family == "grouped_contiguous":
+                out = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+                return (lambda: ops.gemm_contiguous(x, w, fi.expert_offsets, out=out, schedule=s)), out
+            out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16, device=x.device)
+            return (lambda: ops.gemm_masked(x, w, fi.expert_num_tokens, out=out, schedule=s)), out
+
+        yield gemm, n, k, prob, make
+
+
+def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None, families=None, *,
+               profile_file: str = "h200", rep_ms: float = 25.0, log=print) -> list[Point]:
+    import torch
+
+    from chord import formats, jit
+    from chord.bench import inputs as I
+    from chord.bench.suite import load_suite
+    from chord.bench.timing import bench
+
+    suite = load_suite(suite_path)
+    selected = suite.select(scenario_ids, families)
+    dev = torch.device("cuda")
+    points: list[Point] = []
+    packed_cache: dict = {}
+    for sc, fams in selected:
+        key = sc.weights_key
+        if key not in packed_cache:
+            packed_cache.clear()
+            torch.cuda.empty_cache()
+            ew = I.expert_weights(sc, 0, dev)
+            packed_cache[key] = (formats.pack_experts(ew.q13, ew.s13), formats.pack_experts(ew.q2, ew.s2))
+            del ew
+        w13, w2 = packed_cache[key]
+        data = I.scenario_data(sc, 0, dev)
+        dep = sc.profile_deployment
+        prof = load_profile(f"{profile_file}:{dep}")
+        for family in fams:
+            fi = I.family_inputs(family, data)
+            for gemm, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2):
+                default = select(prof, prob)
+                cands = [default] + [c for c in candidates(family, n, sc.rows_per_expert) if c != default]
+                built = jit.precompile(cands, progress=False)
+                cands = [c for c, b in zip(cands, built) if c == default or b.spill_bytes == 0]
+                ref_fn, ref_out = make(default)
+                ref_out.fill_(float("nan"))
+                ref_fn()
+                torch.cuda.synchronize()
+                ref = ref_out.clone()
+                timings, rejected = {}, []
+                for s in cands:
+                    fn, out = make(s)
+                    out.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
+                    if not torch.equal(out.view(-1).view(torch.int16), ref.view(-1).view(torch.int16)):
+                        same_nan = torch.isnan(out) == torch.isnan(ref)
+                        eq = (out == ref) | (torch.isnan(out) & torch.isnan(ref))
+                        if not (bool(same_nan.all()) and bool(eq.all())):
+                            rejected.append(s.id)
+                            log(f"  REJECTED {s.id}: output differs from {default.id}")
+                            continue
+                    timings[s.id] = bench(fn, warmup_ms=5, rep_ms=rep_ms, graph=True).p50
+                best_id = min(timings, key=timings.get)
+                pt = Point(dep, family, gemm, sc.id, sc.rows_per_expert, n, k, Schedule.from_id(best_id),
+                           timings[best_id], default, timings[default.id], timings, rejected)
+                points.append(pt)
+                log(f"{sc.id:20s} {family:18s} {gemm:7s} default {default.id:26s} {pt.default_us:9.1f} us   "
+                    f"best {best_id:26s} {pt.best_us:9.1f} us  ({len(timings)} timed, {len(rejected)} rejected)")
+        del data
+    return points
+
+
+def profile_from_points(points: list[Point], base_profile_file: str = "h200", *, gpu: str,
+                        note: str) -> dict:
+    """A profile JSON dict: the base profile with the tuned families' rules replaced."""
+    from chord.schedule import _profile_path
+
+    base = json.loads(_profile_path(base_profile_file).read_text())
+    by: dict = {}
+    for p in points:
+        by.setdefault((p.deployment, p.family), []).append(p)
+    for (dep, family), pts in by.items():
+        rpes = sorted({p.rows_per_expert for p in pts})
+        bounds = {r: (None if i == len(rpes) - 1 else math.sqrt(max(r, 0.01) * rpes[i + 1]))
+                  for i, r in enumerate(rpes)}
+        gate_k = {p.k for p in pts if p.gemm == "gate_up"}
+        rules = []
+        for r in rpes:
+            at = {p.gemm: p for p in pts if p.rows_per_expert == r}
+            b = bounds[r]
+            down, gate = at.get("down"), at.get("gate_up")
+            if down is not None and down.k not in gate_k:
+                rules.append(_rule(b, down, k_max=down.k))
+            if gate is not None:
+                rules.append(_rule(b, gate))
+        # the unconditional fallback: the largest point's gate_up rule without a k filter
+        if rules[-1]["max_rows_per_expert"] is not None or "k_max" in rules[-1]:
+            last = dict(rules[-1])
+            last.pop("k_max", None)
+            last["max_rows_per_expert"] = None
+            rules.append(last)
+        base["deployments"].setdefault(dep, {"families": {}})["families"][family] = rules
+    base["about"] = note
+    base["gpu"] = gpu if gpu else base.get("gpu")
+    return base
+
+
+def _rule(bound, p: Point, k_max: int | None = None) -> dict:
+    s = p.best
+    r = {"max_rows_per_expert": None if bound is None else round(bound, 3), "block_m": s.block_m,
+         "block_n": s.block_n, "warps": s.warps, "stages": s.stages, "ctas_per_sm": s.ctas_per_sm,
+         "why": f"tuned on {p.scenario} {p.gemm}: {p.best_us:.1f} us (was {p.default.id} {p.default_us:.1f} us)"}
+    if k_max is not None:
+        r["k_max"] = k_max
+    return r
+
+
+def write_tuning(points: list[Point], out_dir: Path, *, profile_file: str = "h200") -> tuple[Path, Path]:
+    import torch
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    note = (f"Tuned by `chord tune` on {gpu}, {stamp}: per suite point the fastest bit-identical schedule "
+            "(CUDA-graph do_bench median). See docs/performance.md.")
+    prof = profile_from_points(points, profile_file, gpu=profile_file, note=note)
+    ppath = out_dir / f"{profile_file}.json"
+    ppath.write_text(json.dumps(prof, indent=1) + "\n")
+    rpath = out_dir / "tuning.json"
+    rpath.write_text(json.dumps([dict(dataclasses.asdict(p), best=p.best.id, default=p.default.id) for p in points],
+                                indent=1) + "\n")
+    return ppath, rpath
