@@ -181,7 +181,10 @@ def profile_from_points(points: list[Point], base_profile_file: str = "h200", *,
         bounds = {r: (None if i == len(rpes) - 1 else math.sqrt(max(r, 0.01) * rpes[i + 1]))
                   for i, r in enumerate(rpes)}
         gate_k = {p.k for p in pts if p.gemm == "gate_up"}
-        rules = []
+        # keep the base profile's rules for row counts well below the smallest tuned point
+        below = rpes[0] / math.sqrt(2)
+        old = base["deployments"].get(dep, {}).get("families", {}).get(family, [])
+        rules = [dict(r) for r in old if r.get("max_rows_per_expert") is not None and r["max_rows_per_expert"] < below]
         for r in rpes:
             at = {p.gemm: p for p in pts if p.rows_per_expert == r}
             b = bounds[r]
@@ -200,6 +203,17 @@ def profile_from_points(points: list[Point], base_profile_file: str = "h200", *,
     base["about"] = note
     base["gpu"] = gpu if gpu else base.get("gpu")
     return base
+
+
+def points_from_json(path) -> list[Point]:
+    """Points back from a `tuning.json` written by write_tuning (to rebuild a profile offline)."""
+    out = []
+    for d in json.loads(Path(path).read_text()):
+        d = dict(d)
+        d["best"] = Schedule.from_id(d["best"])
+        d["default"] = Schedule.from_id(d["default"])
+        out.append(Point(**d))
+    return out
 
 
 def _rule(bound, p: Point, k_max: int | None = None) -> dict:

@@ -51,7 +51,29 @@ def test_profile_has_every_deployment_and_family():
 @pytest.mark.parametrize("tok_e,bm", [(1, 8), (4, 8), (12, 16), (32, 32), (64, 64), (512, 64)])
 def test_block_m_follows_rows_per_expert(tok_e, bm):
     p = Problem("indexed", 48, 4096, 7168, rows=48 * tok_e, top_k=8)
-    assert select("h200:ep8-decode", p).block_m == bm
+    dep = "ep8-decode" if tok_e <= 32 else "ep8-prefill"
+    assert select(f"h200:{dep}", p).block_m == bm
+
+
+def test_k_bounded_rules_give_down_its_own_schedule(tmp_path):
+    prof = {"gpu": "t", "deployments": {"d": {"families": {"indexed": [
+        {"max_rows_per_expert": 8, "k_max": 2048, "block_m": 8, "block_n": 64, "warps": 4, "stages": 6},
+        {"max_rows_per_expert": 8, "block_m": 8, "block_n": 256, "warps": 4, "stages": 8},
+        {"max_rows_per_expert": None, "block_m": 64, "block_n": 128, "warps": 4, "stages": 4}]}}}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(prof))
+    p = load_profile_file(str(path)).profile("d")
+    down = select(p, Problem("indexed", 48, 7168, 2048, rows=48))
+    gate = select(p, Problem("indexed", 48, 4096, 7168, rows=48))
+    assert (down.block_n, down.stages) == (64, 6) and (gate.block_n, gate.stages) == (256, 8)
+    assert [r[2].block_n for r in schedule_table(p, "indexed", 48, 7168, 2048)] == [64, 128]
+    assert [r[2].block_n for r in schedule_table(p, "indexed", 48, 4096, 7168)] == [256, 128]
+    bad = dict(prof)
+    bad["deployments"] = {"d": {"families": {"indexed": prof["deployments"]["d"]["families"]["indexed"][:2]}}}
+    path2 = tmp_path / "bad2.json"
+    path2.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="unconditional"):
+        load_profile_file(str(path2))
 
 
 def test_block_n_fits_n():

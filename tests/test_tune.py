@@ -1,0 +1,48 @@
+"""`chord tune` host logic: candidate spaces and turning measured points into a profile."""
+import json
+
+from chord import tune
+from chord.schedule import Problem, Schedule, load_profile_file, select
+
+
+def test_candidates_are_valid_and_cover_block_m():
+    c = tune.candidates("indexed", 4096, 12.0)
+    assert c and all(isinstance(s, Schedule) and 4096 % s.block_n == 0 for s in c)
+    assert {s.block_m for s in c} == {8, 16}
+    assert {s.block_m for s in tune.candidates("indexed", 512, 0.02)} == {8}
+    assert {s.block_m for s in tune.candidates("indexed", 7168, 512)} == {32, 64}
+
+
+def _pt(dep, fam, gemm, rpe, n, k, best, us):
+    s = Schedule.from_id(best)
+    return tune.Point(dep, fam, gemm, f"s{rpe}", rpe, n, k, s, us, s, us * 1.1, {best: us}, [])
+
+
+def test_profile_from_points_round_trip(tmp_path):
+    pts = [
+        _pt("ep8-decode", "indexed", "gate_up", 1.0, 4096, 7168, "idx-m8n256k64-w4-s8-c1", 200.0),
+        _pt("ep8-decode", "indexed", "down", 1.0, 7168, 2048, "idx-m8n128k64-w4-s6-c2", 100.0),
+        _pt("ep8-decode", "indexed", "gate_up", 16.0, 4096, 7168, "idx-m16n256k64-w4-s6-c1", 230.0),
+        _pt("ep8-decode", "indexed", "down", 16.0, 7168, 2048, "idx-m16n128k64-w4-s6-c2", 120.0),
+    ]
+    prof = tune.profile_from_points(pts, "h200", gpu="h200", note="test")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    p = load_profile_file(str(path)).profile("ep8-decode")
+    assert select(p, Problem("indexed", 48, 4096, 7168, rows=48)).id == "idx-m8n256k64-w4-s8-c1"
+    assert select(p, Problem("indexed", 48, 7168, 2048, rows=48)).id == "idx-m8n128k64-w4-s6-c2"
+    assert select(p, Problem("indexed", 48, 4096, 7168, rows=48 * 12)).block_m == 16
+    # json of points reads back
+    jp = tmp_path / "tuning.json"
+    jp.write_text(json.dumps([dict(vars(x), best=x.best.id, default=x.default.id) for x in pts]))
+    again = tune.points_from_json(jp)
+    assert [x.best for x in again] == [x.best for x in pts]
+
+
+def test_committed_profile_is_loadable_and_complete():
+    pf = load_profile_file("h200")
+    for dep in ("ep8-decode", "ep8-prefill", "tp8"):
+        prof = pf.profile(dep)
+        for fam, rules in prof.rules.items():
+            assert rules[-1].max_rows_per_expert == float("inf")
+    assert all(s.smem_bytes <= 227 * 1024 for s in pf.all_schedules())
