@@ -65,7 +65,8 @@ def render(schedule: "Schedule") -> str:
         f'#include "{header}"\n'
         f'extern "C" __global__ void __launch_bounds__({threads}, {schedule.ctas_per_sm})\n'
         f"{KERNEL_NAME}(const __grid_constant__ chord::GemmParams p) {{\n"
-        f"  chord::{entry}<{schedule.block_m}, {schedule.block_n}, {schedule.warps}, {schedule.stages}>(p);\n"
+        f"  chord::{entry}<{schedule.block_m}, {schedule.block_n}, {schedule.warps}, {schedule.stages}, "
+        f"{schedule.split_k}>(p);\n"
         f"}}\n"
     )
 
@@ -382,13 +383,14 @@ def kernel_for_schedule(schedule: "Schedule") -> Kernel:
 
 
 # --------------------------------------------------------------------------------------------
-# the GemmParams block (csrc/common/sm90_w4a16_swap16.cuh): 8 pointers then 8 int64
+# the GemmParams block (csrc/common/sm90_w4a16_swap16.cuh): 8 pointers, 8 int64, 2 pointers
 
-_GEMM_PARAMS = struct.Struct("<8Q8q")
+_GEMM_PARAMS = struct.Struct("<8Q8q2Q")
 
 
 def pack_gemm_params(*, x: int, qweight: int, scales: int, out: int, sorted_ids: int = 0, expert_ids: int = 0,
                      num_tokens_post_padded: int = 0, expert_layout: int = 0, n: int, k: int, num_experts: int,
-                     top_k: int = 1, num_valid_ids: int = 0, num_blocks: int = 0, max_rows: int = 0) -> bytes:
+                     top_k: int = 1, num_valid_ids: int = 0, num_blocks: int = 0, max_rows: int = 0,
+                     workspace: int = 0, counters: int = 0) -> bytes:
     return _GEMM_PARAMS.pack(x, qweight, scales, out, sorted_ids, expert_ids, num_tokens_post_padded, expert_layout,
-                             n, k, num_experts, top_k, num_valid_ids, num_blocks, max_rows, 0)
+                             n, k, num_experts, top_k, num_valid_ids, num_blocks, max_rows, 0, workspace, counters)

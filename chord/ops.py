@@ -99,6 +99,39 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+# split-K fix-up buffers, per device: fp32 partial tiles + per-tile arrival counters. The kernel
+# leaves every counter at 0 when it finishes, so the buffers are reused by every launch and by
+# CUDA-graph replays. Buffers only grow; old ones stay referenced (a captured graph may use them).
+# One stream at a time may run split-K kernels on a device.
+_SPLIT_WS_LIMIT = 256 << 20
+_split_ws: dict = {}
+_split_ws_old: list = []
+
+
+def _split_buffers(device: torch.device, floats: int, tiles: int) -> tuple[int, int]:
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    ws, cnt = _split_ws.get(key, (None, None))
+    if ws is None or ws.numel() < floats or cnt.numel() < tiles:
+        if ws is not None:
+            _split_ws_old.append((ws, cnt))
+        ws = torch.empty(max(floats, 1 << 16), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(tiles, 1 << 12), dtype=torch.int32, device=device)
+        _split_ws[key] = (ws, cnt)
+    return ws.data_ptr(), cnt.data_ptr()
+
+
+def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int) -> dict:
+    if s.split_k == 1:
+        return {}
+    tiles = grid_x * grid_y
+    floats = tiles * s.split_k * s.block_m * s.block_n
+    if floats * 4 > _SPLIT_WS_LIMIT:
+        raise ValueError(f"schedule {s.id}: split-K over {tiles} tiles needs {floats * 4 >> 20} MiB of workspace "
+                         f"(limit {_SPLIT_WS_LIMIT >> 20} MiB); use split_k=1 for grids this large")
+    ws, cnt = _split_buffers(x.device, floats, tiles)
+    return {"workspace": ws, "counters": cnt}
+
+
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes) -> None:
     kernel = jit.kernel_for_schedule(sched)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
@@ -145,9 +178,9 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
-        num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks)
+        num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks, **_split_args(s, x, num_blocks, n // s.block_n))
     with nvtx_range("gemm_indexed", s.id):
-        _launch(s, (num_blocks, n // s.block_n, 1), x, params)
+        _launch(s, (num_blocks, n // s.block_n, s.split_k), x, params)
 
 
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
@@ -188,9 +221,9 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule):
     grid_x = (rows + s.block_m - 1) // s.block_m + e  # upper bound on per-expert tiles
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
-                                  num_experts=e)
+                                  num_experts=e, **_split_args(s, x, grid_x, n // s.block_n))
     with nvtx_range("gemm_contiguous", s.id):
-        _launch(s, (grid_x, n // s.block_n, 1), x, params)
+        _launch(s, (grid_x, n // s.block_n, s.split_k), x, params)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
@@ -234,9 +267,9 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule):
     tiles = (max_rows + s.block_m - 1) // s.block_m
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
-                                  num_experts=e, max_rows=max_rows)
+                                  num_experts=e, max_rows=max_rows, **_split_args(s, x, e * tiles, n // s.block_n))
     with nvtx_range("gemm_masked", s.id):
-        _launch(s, (e * tiles, n // s.block_n, 1), x, params)
+        _launch(s, (e * tiles, n // s.block_n, s.split_k), x, params)
 
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))
@@ -317,7 +350,7 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
         schedule = select(_profile_for(w, profile, "indexed"), prob)
         if schedule.block_m != routing.block_m:
             schedule = Schedule("indexed", routing.block_m, schedule.block_n, schedule.warps, schedule.stages,
-                                schedule.ctas_per_sm)
+                                schedule.ctas_per_sm, schedule.split_k)
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(x.shape[0] * top_k, w.n, dtype=torch.bfloat16, device=x.device)

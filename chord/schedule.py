@@ -45,6 +45,7 @@ class Schedule:
     warps: int = 4  # warps per CTA; each owns block_n / warps features
     stages: int = 4  # cp.async pipeline depth (K blocks of 64 in flight)
     ctas_per_sm: int = 1  # __launch_bounds__ min blocks per SM (register budget)
+    split_k: int = 1  # CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -58,13 +59,16 @@ class Schedule:
             raise ValueError(f"stages must be in [2, 12], got {self.stages}")
         if self.ctas_per_sm not in (1, 2, 3, 4):
             raise ValueError(f"ctas_per_sm must be in 1..4, got {self.ctas_per_sm}")
+        if self.split_k not in (1, 2, 3, 4, 6, 8, 12, 16):
+            raise ValueError(f"split_k must be one of 1, 2, 3, 4, 6, 8, 12, 16, got {self.split_k}")
         if self.smem_bytes > MAX_SMEM_PER_CTA:
             raise ValueError(f"schedule {self.id} needs {self.smem_bytes} B of shared memory (> {MAX_SMEM_PER_CTA})")
 
     @property
     def id(self) -> str:
         return (f"{_FAMILY_TAG[self.family]}-m{self.block_m}n{self.block_n}k{K_BLOCK}"
-                f"-w{self.warps}-s{self.stages}-c{self.ctas_per_sm}")
+                f"-w{self.warps}-s{self.stages}-c{self.ctas_per_sm}"
+                + (f"-sk{self.split_k}" if self.split_k > 1 else ""))
 
     @property
     def threads(self) -> int:
@@ -86,7 +90,7 @@ class Schedule:
         return self.id
 
 
-_ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)$")
+_ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)(?:-sk(\d+))?$")
 
 
 @lru_cache(maxsize=512)
@@ -94,8 +98,8 @@ def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text)
     if not m:
         raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1")
-    tag, bm, bn, w, s, c = m.groups()
-    return Schedule(_TAG_FAMILY[tag], int(bm), int(bn), int(w), int(s), int(c))
+    tag, bm, bn, w, s, c, sk = m.groups()
+    return Schedule(_TAG_FAMILY[tag], int(bm), int(bn), int(w), int(s), int(c), int(sk or 1))
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,7 @@ def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
             _check_family(family)
             parsed = tuple(
                 Rule(float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"]),
-                     {k: v for k, v in r.items() if k in ("block_m", "block_n", "warps", "stages", "ctas_per_sm")},
+                     {k: v for k, v in r.items() if k in ("block_m", "block_n", "warps", "stages", "ctas_per_sm", "split_k")},
                      r.get("why", ""), int(r.get("k_min", 0)),
                      float("inf") if r.get("k_max") is None else float(r["k_max"]))
                 for r in items
@@ -264,6 +268,7 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
     warps = int(knobs.get("warps", 4))
     stages = int(knobs.get("stages", 4))
     ctas = int(knobs.get("ctas_per_sm", 1))
+    split = int(knobs.get("split_k", 1))
     if n % 16:
         raise ValueError(f"n must be a multiple of 16 for the swap16 layout, got {n}")
     while n % bn:
@@ -272,7 +277,7 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
             warps = max(1, warps // 2)
     while bn % (16 * warps):
         warps //= 2
-    return Schedule(family, bm, bn, warps, stages, ctas)
+    return Schedule(family, bm, bn, warps, stages, ctas, split)
 
 
 def _rule_for(rules: tuple, rows_per_expert: float, k: int) -> Rule:

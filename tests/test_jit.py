@@ -18,13 +18,14 @@ def test_render_instantiates_the_family_template():
     s = Schedule("grouped_masked", 16, 128, 4, 6, 2)
     src = jit.render(s)
     assert '#include "grouped/sm90_w4a16_grouped.cuh"' in src
-    assert "sm90_w4a16_grouped_masked<16, 128, 4, 6>" in src
+    assert "sm90_w4a16_grouped_masked<16, 128, 4, 6, 1>" in src
+    assert "<8, 64, 4, 8, 4>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
     assert "__launch_bounds__(128, 2)" in src and s.id in src
 
 
 def test_params_block_layout():
     b = jit.pack_gemm_params(x=1, qweight=2, scales=3, out=4, n=5, k=6, num_experts=7, top_k=8)
-    assert len(b) == 128  # 8 pointers + 8 int64, matches chord::GemmParams
+    assert len(b) == 144  # 8 pointers + 8 int64 + 2 pointers, matches chord::GemmParams
 
 
 def test_cache_key_changes_with_source_and_flags():

@@ -28,6 +28,14 @@ def test_schedule_rejects_bad_knobs(kw, msg):
         Schedule(**args)
 
 
+def test_split_k_id_round_trip():
+    s = Schedule("indexed", 8, 64, 4, 8, 1, 4)
+    assert s.id == "idx-m8n64k64-w4-s8-c1-sk4" and Schedule.from_id(s.id) == s
+    assert Schedule("indexed", 8, 64).id.endswith("-c1")  # no suffix without split-K
+    with pytest.raises(ValueError, match="split_k"):
+        Schedule("indexed", 8, 64, 4, 8, 1, 5)
+
+
 def test_bad_id_is_rejected():
     with pytest.raises(ValueError, match="schedule id"):
         Schedule.from_id("idx-m16n128")

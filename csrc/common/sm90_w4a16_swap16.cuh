@@ -20,7 +20,7 @@ namespace chord {
 constexpr int kKBlock = 64;  // K elements per pipeline stage (one swap16 k-block)
 
 // One parameter block for every family: the host packs it with a fixed layout
-// (8 pointers, then 8 int64), see chord/jit.py `pack_params`.
+// (8 pointers, 8 int64, 2 pointers), see chord/jit.py `pack_gemm_params`.
 struct GemmParams {
   const __nv_bfloat16* x;              // input rows, [*, k] row-major
   const uint4* qweight;                // [E, N/16, K/64, 32] x 16 B
@@ -38,6 +38,8 @@ struct GemmParams {
   int64_t num_blocks;     // indexed: blocks in the (possibly over-allocated) buffers
   int64_t max_rows;       // masked: rows per expert in the [E, max_rows, K] input
   int64_t reserved;
+  float* workspace;       // split-K: fp32 partial tiles [tiles, SPLIT, BT, BN]
+  int32_t* counters;      // split-K: arrival count per tile (zero between launches)
 };
 
 struct TileRows {
@@ -66,7 +68,10 @@ struct Swap16Config {
 
 // ---------------------------------------------------------------------------------------------
 // The CTA body. `in_row[r]`/`out_row[r]` (shared) hold the input/output row of tile row r, or -1.
-template <int BT, int BN, int WARPS, int STAGES>
+// SPLIT > 1 (split-K): CTA z of a tile reduces K blocks [KB*z/SPLIT, KB*(z+1)/SPLIT); partial
+// fp32 tiles meet in `workspace`, and the last CTA of the tile to arrive (counted in `counters`,
+// reset to 0 by that CTA) sums them in z order (deterministic) and stores the bf16 rows.
+template <int BT, int BN, int WARPS, int STAGES, int SPLIT = 1>
 __device__ __forceinline__ void swap16_tile(const GemmParams& p, int expert, int n_block,
                                             const int64_t* __restrict__ in_row,
                                             const int64_t* __restrict__ out_row, uint8_t* smem) {
@@ -76,13 +81,17 @@ __device__ __forceinline__ void swap16_tile(const GemmParams& p, int expert, int
   const int lane = tid % 32;
   const int K = static_cast<int>(p.k);
   const int N = static_cast<int>(p.n);
-  const int KB = K / kKBlock;
+  const int KB_ALL = K / kKBlock;
+  const int split_z = SPLIT > 1 ? static_cast<int>(blockIdx.z) : 0;
+  const int kb_begin = static_cast<int>((static_cast<int64_t>(KB_ALL) * split_z) / SPLIT);
+  const int kb_end = static_cast<int>((static_cast<int64_t>(KB_ALL) * (split_z + 1)) / SPLIT);
+  const int KB = kb_end - kb_begin;  // K blocks of this CTA
   const int NT = N / 16;
   const uint64_t evict_first = make_evict_first_policy();
 
   // Global bases for this expert / N block.
-  const uint4* wbase = p.qweight + (static_cast<int64_t>(expert) * NT + n_block * C::kNTiles) * KB * 32;
-  const uint2* sbase = p.scales + (static_cast<int64_t>(expert) * NT + n_block * C::kNTiles) * KB * 8;
+  const uint4* wbase = p.qweight + (static_cast<int64_t>(expert) * NT + n_block * C::kNTiles) * KB_ALL * 32;
+  const uint2* sbase = p.scales + (static_cast<int64_t>(expert) * NT + n_block * C::kNTiles) * KB_ALL * 8;
 
   auto stage_ptr = [&](int s) { return smem + s * C::kStageBytes; };
 
@@ -103,12 +112,13 @@ __device__ __forceinline__ void swap16_tile(const GemmParams& p, int expert, int
 #pragma unroll
   for (int it = 0; it < kWIters; ++it) {
     const int c = tid + it * T;
-    wsrc[it] = wbase + (static_cast<int64_t>(c / 32) * KB) * 32 + (c % 32);
+    wsrc[it] = wbase + (static_cast<int64_t>(c / 32) * KB_ALL + kb_begin) * 32 + (c % 32);
   }
 #pragma unroll
   for (int it = 0; it < kSIters; ++it) {
     const int c = tid + it * T;
-    ssrc[it] = reinterpret_cast<const uint8_t*>(sbase + static_cast<int64_t>(c / 4) * KB * 8) + (c % 4) * 16;
+    ssrc[it] = reinterpret_cast<const uint8_t*>(sbase + (static_cast<int64_t>(c / 4) * KB_ALL + kb_begin) * 8) +
+               (c % 4) * 16;
   }
 #pragma unroll
   for (int it = 0; it < kXIters; ++it) {
@@ -116,7 +126,7 @@ __device__ __forceinline__ void swap16_tile(const GemmParams& p, int expert, int
     const int r = (c / 8) % BT, ch = c % 8;
     const int64_t row = in_row[r];
     xvalid[it] = row >= 0 && c < kXChunks;
-    xsrc[it] = p.x + (row >= 0 ? row * K + ch * 8 : 0);
+    xsrc[it] = p.x + (row >= 0 ? row * K + kb_begin * kKBlock + ch * 8 : 0);
     xdst[it] = C::kWBytes + C::kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
   }
 
@@ -208,20 +218,50 @@ __device__ __forceinline__ void swap16_tile(const GemmParams& p, int expert, int
   cp_async_wait<0>();
   __syncthreads();
   __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(smem);
-  {
-    const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4, t4 = lane % 4;
+  if constexpr (SPLIT == 1) {
 #pragma unroll
     for (int j = 0; j < C::kNTW; ++j) {
       const int n0 = (warp * C::kNTW + j) * 16 + g;
 #pragma unroll
       for (int i = 0; i < C::kTT; ++i) {
-        const int tok = i * 8 + 2 * t;
+        const int tok = i * 8 + 2 * t4;
         sc[(tok + 0) * C::kCStride + n0] = __float2bfloat16_rn(acc[j][i][0]);
         sc[(tok + 1) * C::kCStride + n0] = __float2bfloat16_rn(acc[j][i][1]);
         sc[(tok + 0) * C::kCStride + n0 + 8] = __float2bfloat16_rn(acc[j][i][2]);
         sc[(tok + 1) * C::kCStride + n0 + 8] = __float2bfloat16_rn(acc[j][i][3]);
       }
     }
+  } else {
+    __shared__ int s_last;
+    const int64_t tile = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
+    float* part = p.workspace + (tile * SPLIT + split_z) * (BT * BN);
+#pragma unroll
+    for (int j = 0; j < C::kNTW; ++j) {
+      const int n0 = (warp * C::kNTW + j) * 16 + g;
+#pragma unroll
+      for (int i = 0; i < C::kTT; ++i) {
+        const int tok = i * 8 + 2 * t4;
+        __stcg(part + (tok + 0) * BN + n0, acc[j][i][0]);
+        __stcg(part + (tok + 1) * BN + n0, acc[j][i][1]);
+        __stcg(part + (tok + 0) * BN + n0 + 8, acc[j][i][2]);
+        __stcg(part + (tok + 1) * BN + n0 + 8, acc[j][i][3]);
+      }
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == SPLIT - 1;
+    __syncthreads();
+    if (!s_last) return;  // uniform: another CTA of this tile finishes it
+    __threadfence();
+    const float* base = p.workspace + tile * SPLIT * (BT * BN);
+    for (int e = tid; e < BT * BN; e += C::kThreads) {
+      float v = 0.f;
+#pragma unroll
+      for (int z = 0; z < SPLIT; ++z) v += __ldcg(base + z * (BT * BN) + e);
+      sc[(e / BN) * C::kCStride + (e % BN)] = __float2bfloat16_rn(v);
+    }
+    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (and CUDA-graph replays)
   }
   __syncthreads();
   constexpr int kChunksPerRow = BN / 8;
@@ -336,7 +376,7 @@ __device__ __forceinline__ int rows_contiguous(const GemmParams& p, int64_t* in_
 
 enum class Family : int { kIndexed = 0, kContiguous = 1, kMasked = 2 };
 
-template <Family F, int BT, int BN, int WARPS, int STAGES>
+template <Family F, int BT, int BN, int WARPS, int STAGES, int SPLIT = 1>
 __device__ __forceinline__ void w4a16_gemm(const GemmParams& p) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int64_t in_row[BT];
@@ -353,7 +393,7 @@ __device__ __forceinline__ void w4a16_gemm(const GemmParams& p) {
   }
   if (e < 0) return;  // uniform across the CTA
   __syncthreads();
-  swap16_tile<BT, BN, WARPS, STAGES>(p, e, blockIdx.y, in_row, out_row, smem);
+  swap16_tile<BT, BN, WARPS, STAGES, SPLIT>(p, e, blockIdx.y, in_row, out_row, smem);
 }
 
 }  // namespace chord

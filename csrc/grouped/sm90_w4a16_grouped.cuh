@@ -10,14 +10,14 @@
 
 namespace chord {
 
-template <int BT, int BN, int WARPS, int STAGES>
+template <int BT, int BN, int WARPS, int STAGES, int SPLIT = 1>
 __device__ __forceinline__ void sm90_w4a16_grouped_contiguous(const GemmParams& p) {
-  w4a16_gemm<Family::kContiguous, BT, BN, WARPS, STAGES>(p);
+  w4a16_gemm<Family::kContiguous, BT, BN, WARPS, STAGES, SPLIT>(p);
 }
 
-template <int BT, int BN, int WARPS, int STAGES>
+template <int BT, int BN, int WARPS, int STAGES, int SPLIT = 1>
 __device__ __forceinline__ void sm90_w4a16_grouped_masked(const GemmParams& p) {
-  w4a16_gemm<Family::kMasked, BT, BN, WARPS, STAGES>(p);
+  w4a16_gemm<Family::kMasked, BT, BN, WARPS, STAGES, SPLIT>(p);
 }
 
 }  // namespace chord

@@ -8,9 +8,9 @@
 
 namespace chord {
 
-template <int BT, int BN, int WARPS, int STAGES>
+template <int BT, int BN, int WARPS, int STAGES, int SPLIT = 1>
 __device__ __forceinline__ void sm90_w4a16_indexed(const GemmParams& p) {
-  w4a16_gemm<Family::kIndexed, BT, BN, WARPS, STAGES>(p);
+  w4a16_gemm<Family::kIndexed, BT, BN, WARPS, STAGES, SPLIT>(p);
 }
 
 // Grid: x = blocks of the (possibly over-allocated) sorted_ids buffer, y = N / BN.

@@ -306,3 +306,72 @@ def test_repack_on_gpu_matches_cpu():
     a = formats.pack_experts(q, s)
     b = formats.pack_experts(q.cuda(), s.cuda())
     assert torch.equal(a.qweight, b.qweight.cpu()) and torch.equal(a.scales, b.scales.cpu())
+
+
+# ----------------------------------------------------------------------------------------------
+# split-K
+
+
+@pytest.mark.parametrize("split", [2, 4, 8])
+def test_split_k_indexed_tp8_one_token(split):
+    """TP8 gate_up at one token, K split over CTAs: matches the reference, leaves untouched rows
+    NaN, and a second launch (counters reset by the kernel) gives bit-identical output."""
+    e, n, k, m, top_k = 384, 512, 7168, 1, 8
+    qe, pw = weights(e, n, k)
+    s = Schedule("indexed", 8, 64, 4, 8, 1, split)
+    ids = routing.random_topk_ids(m, e, top_k, seed=split, device="cuda")
+    r = routing.align_block_size(ids, 8, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = torch.full((m * top_k + 3, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
+    ref = reference.indexed_gemm_ref(x, qe, None, r, top_k, n_out_rows=m * top_k + 3)
+    assert torch.isnan(out[m * top_k:]).all()
+    assert rel_err(out[: m * top_k], ref[: m * top_k]) < TOL
+    first = out.clone()
+    out.fill_(float("nan"))
+    ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
+    assert torch.equal(out.view(torch.int16), first.view(torch.int16)), "split-K is not deterministic"
+
+
+@pytest.mark.parametrize("family", ["grouped_contiguous", "grouped_masked"])
+def test_split_k_grouped(family):
+    e, n, k = 16, 512, 2048
+    qe, pw = weights(e, n, k)
+    counts = torch.randint(0, 12, (e,), device="cuda", dtype=torch.int32)
+    counts[3] = 0
+    s = Schedule(family, 8, 128, 4, 6, 1, 4)
+    if family == "grouped_masked":
+        x = torch.randn(e, 12, k, device="cuda").bfloat16()
+        out = torch.full((e, 12, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ops.gemm_masked(x, pw, counts, out=out, schedule=s)
+        ref = reference.masked_gemm_ref(x, qe, None, counts)
+    else:
+        off = torch.zeros(e + 1, dtype=torch.int64, device="cuda")
+        off[1:] = counts.long().cumsum(0)
+        x = torch.randn(int(off[-1]) + 5, k, device="cuda").bfloat16()
+        out = torch.full((x.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ops.gemm_contiguous(x, pw, off, out=out, schedule=s)
+        ref = reference.contiguous_gemm_ref(x, qe, None, off)
+    valid = ~torch.isnan(ref[..., 0])
+    assert torch.isnan(out[~valid]).all()
+    assert rel_err(out[valid], ref[valid]) < TOL
+
+
+def test_split_k_graph_replay():
+    e, n, k, m, top_k = 64, 512, 4096, 3, 8
+    qe, pw = weights(e, n, k)
+    s = Schedule("indexed", 8, 64, 4, 8, 2, 8)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=9, device="cuda"), 8, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = torch.full((m * top_k, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
+    ref = reference.indexed_gemm_ref(x, qe, None, r, top_k)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, ref) < TOL
