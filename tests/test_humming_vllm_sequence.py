@@ -636,7 +636,7 @@ def test_indexed_forward_under_torch_compile_and_cuda_graph():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU variant; the GPU test above compiles the real kernels")
 @pytest.mark.parametrize("case", ["indexed-ep-scatter", "grouped-contiguous-padded", "grouped-masked-ep"])
-def test_vllm_sequence_traces_with_fullgraph_torch_compile_cpu(case, monkeypatch):
+def test_vllm_sequence_traces_with_fullgraph_torch_compile_cpu(case, monkeypatch, request):
     """Every humming call of vLLM's sequence compiles with torch.compile(fullgraph=True): no graph break.
 
     No GPU here, so the chord ops' bodies are pointed at chord.reference (chord.ops' private
@@ -655,7 +655,12 @@ def test_vllm_sequence_traces_with_fullgraph_torch_compile_cpu(case, monkeypatch
     monkeypatch.setattr(chord_ops, "_gemm_masked_impl",
                         lambda x, qw, sc, cnt, out, s: _reference.gemm_masked(x, qw, sc, cnt, out))
     monkeypatch.setattr(_chord, "_use_reference", lambda x: False)
-    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 64)
+    # torch's config patcher, not monkeypatch: newer pytest deletes attributes it did not find in
+    # the module __dict__ on undo, which removes dynamo's config entries for later tests.
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    patcher = torch._dynamo.config.patch({limit: 64})
+    patcher.__enter__()
+    request.addfinalizer(lambda: patcher.__exit__(None, None, None))
     torch._dynamo.reset()
     monkeypatch.setattr(hf, "humming_forward", torch.compile(hf.humming_forward, fullgraph=True))
     monkeypatch.setattr(hf, "may_process_input", torch.compile(hf.may_process_input, fullgraph=True))
