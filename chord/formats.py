@@ -256,18 +256,26 @@ def quantize_int4_g32(
     return QuantizedExperts(q.flatten(-2).contiguous(), scales.contiguous())
 
 
+def _codes_and_scales(fn: str, q: Any, scales: Any, scale_dtypes: tuple[torch.dtype, ...]):
+    """(q, scales) from either a QuantizedExperts alone or two tensors, with dtypes checked."""
+    if isinstance(q, QuantizedExperts):
+        if scales is not None:
+            raise ValueError(f"{_fn_arg(fn, 'scales')} must be None when q is a QuantizedExperts")
+        q, scales = q.q, q.scales
+    _require_dtype(fn, "q", q, (torch.int8,))
+    if scales is None:
+        raise TypeError(f"{_fn_arg(fn, 'scales')} is required ([..., N, K/32]) when q is a tensor")
+    _require_dtype(fn, "scales", scales, scale_dtypes)
+    return q, scales
+
+
 def dequantize(q: torch.Tensor | QuantizedExperts, scales: torch.Tensor | None = None) -> torch.Tensor:
     """Exact float32 weight ``q * float(scale)`` for ``q [..., N, K]``, ``scales [..., N, K/32]``.
 
     Also accepts a ``QuantizedExperts`` as the only argument.
     """
     fn = "dequantize"
-    if isinstance(q, QuantizedExperts):
-        if scales is not None:
-            raise ValueError(f"{_fn_arg(fn, 'scales')} must be None when q is a QuantizedExperts")
-        q, scales = q.q, q.scales
-    _require_dtype(fn, "q", q, (torch.int8,))
-    _require_dtype(fn, "scales", scales, (torch.bfloat16, torch.float16, torch.float32))
+    q, scales = _codes_and_scales(fn, q, scales, (torch.bfloat16, torch.float16, torch.float32))
     if q.dim() < 1 or q.shape[-1] % GROUP_SIZE != 0:
         raise ValueError(f"{_fn_arg(fn, 'q')} must have K (last dim) divisible by {GROUP_SIZE}, got shape {tuple(q.shape)}")
     want = (*q.shape[:-1], q.shape[-1] // GROUP_SIZE)
@@ -550,14 +558,7 @@ def pack_experts(
     Runs on the device of ``q``; temporaries are bounded by processing experts in chunks.
     """
     fn = "pack_experts"
-    if isinstance(q, QuantizedExperts):
-        if scales is not None:
-            raise ValueError(f"{_fn_arg(fn, 'scales')} must be None when q is a QuantizedExperts")
-        q, scales = q.q, q.scales
-    _require_dtype(fn, "q", q, (torch.int8,))
-    if scales is None:
-        raise TypeError(f"{_fn_arg(fn, 'scales')} is required (bf16 [E, N, K/32]) when q is a tensor")
-    _require_dtype(fn, "scales", scales, (torch.bfloat16,))
+    q, scales = _codes_and_scales(fn, q, scales, (torch.bfloat16,))
     _require_ndim(fn, "q", q, (2, 3), "2-D [N, K] or 3-D [E, N, K]")
     if scales.dim() != q.dim():
         raise ValueError(f"{_fn_arg(fn, 'scales')} must have the same rank as q ({q.dim()}), got shape {tuple(scales.shape)}")
