@@ -17,6 +17,7 @@ are CUDA-graph capturable. The wrappers (:func:`gemm_indexed`, :func:`gemm_conti
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -82,6 +83,47 @@ def _check_schedule(schedule: str, family: str, n: int) -> Schedule:
     if n % s.block_n:
         raise ValueError(f"schedule {schedule}: block_n={s.block_n} does not divide N={n}")
     return s
+
+
+# Routing values live on the device, so the launch path never reads them (no sync, graph-safe).
+# The kernels treat out-of-range values as "skip" (expert id >= E or -1: block skipped; masked
+# counts clamped to max_rows; contiguous offsets clamped to non-negative lengths), which leaves
+# those rows unwritten. CHORD_CHECK_ROUTING=1 (or check_routing(True)) reads them on the host
+# before every launch and raises instead: for debugging, not for CUDA-graph capture.
+_check_routing = os.environ.get("CHORD_CHECK_ROUTING", "0") not in ("", "0")
+
+
+def check_routing(on: bool = True) -> None:
+    """Switch the host-side check of device routing values (see CHORD_CHECK_ROUTING)."""
+    global _check_routing
+    _check_routing = on
+
+
+def _check_indexed_values(sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid):
+    used = int(num_tokens_post_padded.reshape(-1)[0])
+    cap = min(sorted_ids.numel() // block_m, expert_ids.numel()) * block_m
+    if used < 0 or used % block_m or used > cap:
+        raise ValueError(f"num_tokens_post_padded={used} must be a multiple of block_m={block_m} in [0, {cap}]")
+    blocks = expert_ids[: used // block_m]
+    if blocks.numel() and (int(blocks.min()) < -1 or int(blocks.max()) >= num_experts):
+        raise ValueError(f"expert_ids must lie in [-1, {num_experts}) below num_tokens_post_padded, "
+                         f"got [{int(blocks.min())}, {int(blocks.max())}]")
+    ids = sorted_ids[:used]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > num_valid):
+        raise ValueError(f"sorted_ids must lie in [0, {num_valid}] (sentinel {num_valid} = padding) below "
+                         f"num_tokens_post_padded, got [{int(ids.min())}, {int(ids.max())}]")
+
+
+def _check_offsets_values(expert_offsets, rows):
+    off = expert_offsets.cpu()
+    if int(off[0]) < 0 or bool((off[1:] < off[:-1]).any()) or int(off[-1]) > rows:
+        raise ValueError(f"expert_offsets must rise from >= 0 to at most x.shape[0]={rows}, got {off.tolist()}")
+
+
+def _check_counts_values(expert_num_tokens, max_rows):
+    c = expert_num_tokens
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) > max_rows):
+        raise ValueError(f"expert_num_tokens must lie in [0, max_rows={max_rows}], got [{int(c.min())}, {int(c.max())}]")
 
 
 def check_cuda_sm90(t: torch.Tensor, name: str = "x") -> None:
@@ -170,6 +212,8 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
                        schedule):
     s, e, n, k = _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
                                    block_m, schedule)
+    if _check_routing:
+        _check_indexed_values(sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k)
     check_cuda_sm90(x)
     num_blocks = sorted_ids.numel() // block_m
     if num_blocks == 0 or x.shape[0] == 0:
@@ -214,6 +258,8 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
 
 def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule):
     s, e, n, k = _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+    if _check_routing:
+        _check_offsets_values(expert_offsets, x.shape[0])
     check_cuda_sm90(x)
     rows = x.shape[0]
     if rows == 0:
@@ -261,6 +307,8 @@ def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
 
 def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule):
     s, e, n, k, max_rows = _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
+    if _check_routing:
+        _check_counts_values(expert_num_tokens, max_rows)
     check_cuda_sm90(x)
     if max_rows == 0:
         return

@@ -89,3 +89,43 @@ def test_fake_impls_trace():
         call_indexed(a)  # fake impl: validation only, no launch
         with pytest.raises(ValueError, match="block_m"):
             call_indexed(dict(a, block_m=16))
+
+
+@pytest.fixture
+def routing_check():
+    chord.ops.check_routing(True)
+    yield
+    chord.ops.check_routing(False)
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(expert_ids=torch.full((8,), 3, dtype=torch.int32)), "expert_ids must lie in \\[-1, 3\\)"),
+    (dict(num_tokens_post_padded=torch.tensor([12], dtype=torch.int32)), "multiple of block_m=8"),
+    (dict(num_tokens_post_padded=torch.tensor([72], dtype=torch.int32)), "in \\[0, 64\\]"),
+    (dict(sorted_ids=torch.full((64,), 11, dtype=torch.int32)), "sorted_ids must lie in \\[0, 10\\]"),
+])
+def test_routing_values_checked_on_request(routing_check, over, msg):
+    """CHORD_CHECK_ROUTING: out-of-range device routing raises instead of leaving rows unwritten."""
+    with pytest.raises(ValueError, match=msg):
+        call_indexed(indexed_args(**over))
+
+
+def test_routing_values_pass_reach_the_device_check(routing_check):
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        call_indexed(indexed_args())
+
+
+def test_grouped_routing_values_checked_on_request(routing_check):
+    qw, sc = weights()
+    x = torch.randn(20, K).bfloat16()
+    out = torch.empty(20, N, dtype=torch.bfloat16)
+    s = Schedule("grouped_contiguous", 16, 128, 4, 4, 1).id
+    with pytest.raises(ValueError, match="expert_offsets must rise"):
+        torch.ops.chord.gemm_contiguous(x, qw, sc, torch.tensor([0, 5, 3, 9]), out, s)
+    with pytest.raises(ValueError, match="at most x.shape\\[0\\]=20"):
+        torch.ops.chord.gemm_contiguous(x, qw, sc, torch.tensor([0, 5, 9, 21]), out, s)
+    m = Schedule("grouped_masked", 16, 128, 4, 4, 1).id
+    xm = torch.randn(E, 7, K).bfloat16()
+    om = torch.empty(E, 7, N, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="expert_num_tokens must lie in \\[0, max_rows=7\\]"):
+        torch.ops.chord.gemm_masked(xm, qw, sc, torch.tensor([1, 8, 0], dtype=torch.int32), om, m)
