@@ -441,11 +441,11 @@ def gemm_masked(x: torch.Tensor, w: "PackedExperts", expert_num_tokens: torch.Te
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """vLLM's w13 layout: first half gate, second half up; silu(gate) * up in float32 -> bf16."""
-    if x.shape[-1] % 2:
-        raise ValueError(f"silu_and_mul: last dimension must be even, got {x.shape[-1]}")
-    gate, up = x.float().chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+    """vLLM's w13 layout (first half gate, second half up): silu(gate) * up in float32, as bf16.
+    The composite's activation; the reference's function, rounded to what the next GEMM reads."""
+    from chord.reference import silu_and_mul_ref
+
+    return silu_and_mul_ref(x).to(torch.bfloat16)
 
 
 def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExperts", topk_weights: torch.Tensor,
