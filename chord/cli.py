@@ -125,6 +125,12 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
 
     results = jit.precompile_profile(args.profile, progress=not args.quiet)
     print(f"chord precompile: {len(results)} kernels of profile {args.profile} ready in {jit.cache_dir()}")
+    if args.tune:
+        from chord import tune
+
+        scheds = tune.tune_schedules(args.suite, args.scenarios, args.families, profile_file=args.profile)
+        results = jit.precompile(scheds, progress=not args.quiet)
+        print(f"chord precompile: {len(results)} kernels `chord tune` would time ready in {jit.cache_dir()}")
     return 0
 
 
@@ -155,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("precompile", help="build every kernel a profile can select (into the kernel cache)")
     pp.add_argument("--profile", default="h200", help="profile file name (profiles/<name>.json)")
     pp.add_argument("--quiet", action="store_true", help="no progress bar")
+    pp.add_argument("--tune", action="store_true", help="also build every candidate `chord tune` would time")
+    pp.add_argument("--suite", default=None, help="with --tune: suite JSON (default: kimi_k2_h200.json)")
+    pp.add_argument("--scenarios", default=None, help="with --tune: comma-separated scenario ids (default: all)")
+    pp.add_argument("--families", default=None, help="with --tune: comma-separated families (default: the suite's)")
     pp.set_defaults(func=_cmd_precompile)
     pt = sub.add_parser("tune", help="time candidate schedules on a suite and write a tuned profile")
     pt.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")

@@ -24,7 +24,7 @@ import torch
 
 from chord import jit
 from chord.profiling import nvtx_range
-from chord.schedule import Problem, Schedule, load_profile, profile_for, select
+from chord.schedule import Problem, Schedule, load_profile, override, profile_for, select
 
 if TYPE_CHECKING:  # pragma: no cover
     from chord.formats import PackedExperts
@@ -397,8 +397,7 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
         prob = Problem("indexed", w.num_experts, w.n, w.k, rows=x.shape[0] * top_k, top_k=top_k)
         schedule = select(_profile_for(w, profile, "indexed"), prob)
         if schedule.block_m != routing.block_m:
-            schedule = Schedule("indexed", routing.block_m, schedule.block_n, schedule.warps, schedule.stages,
-                                schedule.ctas_per_sm, schedule.split_k)
+            schedule = override(schedule, block_m=routing.block_m)
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(x.shape[0] * top_k, w.n, dtype=torch.bfloat16, device=x.device)

@@ -27,6 +27,7 @@ _FAMILY_TAG = {"indexed": "idx", "grouped_contiguous": "gcon", "grouped_masked":
 _TAG_FAMILY = {v: k for k, v in _FAMILY_TAG.items()}
 K_BLOCK = 64  # K elements per pipeline stage (fixed by the swap16 layout)
 MAX_SMEM_PER_CTA = 227 * 1024
+WGMMA_OTHER_REGS = 48  # registers a wgmma thread needs besides its block_m/2 accumulators (ptxas -v)
 
 
 def _check_family(family: str) -> str:
@@ -36,8 +37,51 @@ def _check_family(family: str) -> str:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """One kernel knob, defined once: the schedule id, profile parsing, ``chord tune``'s
+    candidates and the JIT render all read this table (:data:`KNOBS`).
+
+    ``token`` is its part of the schedule id; ``always`` knobs always appear there, the others
+    only when they differ from ``default`` (so ids of older profiles still parse). ``off`` is the
+    value that switches the optimization it stands for off (None: a shape knob, not an
+    optimization). ``slot`` names the template parameter of ``csrc/`` the value lands in.
+    """
+
+    name: str
+    token: str
+    default: object
+    legal: tuple
+    slot: str
+    doc: str
+    always: bool = False
+    off: object = None
+
+
+MAINLOOPS = ("mma", "wgmma")
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("block_m", "m", None, tuple(range(8, 257, 8)), "BT", "token rows per CTA tile (indexed: moe_align block size)",
+         always=True),
+    Knob("block_n", "n", None, tuple(range(16, 1025, 16)), "BN", "output features per CTA tile", always=True),
+    Knob("warps", "w", 4, (1, 2, 4, 8, 16), "WARPS", "warps per CTA (wgmma: one per 16 output features)", always=True),
+    Knob("stages", "s", 4, tuple(range(2, 13)), "STAGES", "K blocks of 64 in the cp.async ring", always=True),
+    Knob("ctas_per_sm", "c", 1, (1, 2, 3, 4), "__launch_bounds__ min blocks",
+         "CTAs per SM the register budget is sized for", always=True),
+    Knob("split_k", "sk", 1, (1, 2, 3, 4, 6, 8, 12, 16), "SPLIT",
+         "CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)", off=1),
+    Knob("mainloop", "", "mma", MAINLOOPS, "Mainloop",
+         "mma: cp.async + mma.sync.m16n8k16; wgmma: cp.async + wgmma.m64nBTk16, weights in registers", off="mma"),
+    Knob("wgmma_wait", "wait", 1, (0, 1), "WAIT",
+         "wgmma groups left in flight while the next K block is dequantized (batched wait_group 1)", off=0),
+    Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "RASTER",
+         "token tiles per raster group walked over all N blocks (0: launch order)", off=0),
+)
+KNOB = {k.name: k for k in KNOBS}
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """Every knob of one kernel instantiation. ``id`` is stable and readable."""
+    """Every knob of one kernel instantiation (see :data:`KNOBS`). ``id`` is stable and readable."""
 
     family: str
     block_m: int  # token rows per CTA tile (indexed: = moe_align block size)
@@ -46,29 +90,60 @@ class Schedule:
     stages: int = 4  # cp.async pipeline depth (K blocks of 64 in flight)
     ctas_per_sm: int = 1  # __launch_bounds__ min blocks per SM (register budget)
     split_k: int = 1  # CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)
+    mainloop: str = "mma"  # "mma" (mma.sync) or "wgmma" (warpgroup MMA, sm_90a)
+    wgmma_wait: int = 1  # wgmma groups in flight while the next K block is dequantized
+    raster: int = 0  # token tiles per raster group (0: launch order)
 
     def __post_init__(self) -> None:
         _check_family(self.family)
-        if self.block_m % 8 or not 8 <= self.block_m <= 128:
-            raise ValueError(f"block_m must be a multiple of 8 in [8, 128], got {self.block_m}")
-        if self.warps not in (1, 2, 4, 8):
-            raise ValueError(f"warps must be 1, 2, 4 or 8, got {self.warps}")
-        if self.block_n <= 0 or self.block_n % (16 * self.warps):
-            raise ValueError(f"block_n must be a positive multiple of 16*warps={16 * self.warps}, got {self.block_n}")
+        for knob in KNOBS:
+            v = getattr(self, knob.name)
+            if isinstance(v, bool) or (not isinstance(v, str) and not isinstance(v, int)):
+                raise TypeError(f"Schedule.{knob.name} must be an int or str, got {type(v).__name__}")
+        if self.mainloop not in MAINLOOPS:
+            raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {self.mainloop!r}")
+        wg = self.mainloop == "wgmma"
+        top = 256 if wg else 128
+        if self.block_m % 8 or not 8 <= self.block_m <= top:
+            raise ValueError(f"block_m must be a multiple of 8 in [8, {top}] for mainloop {self.mainloop}, "
+                             f"got {self.block_m}")
+        if wg:
+            if self.block_n not in (64, 128, 192, 256):
+                raise ValueError(f"block_n must be 64, 128, 192 or 256 for mainloop wgmma, got {self.block_n}")
+            if self.warps != self.block_n // 16:
+                raise ValueError(f"warps must be block_n/16={self.block_n // 16} for mainloop wgmma "
+                                 f"(one warp per 16 output features), got {self.warps}")
+            if self.stages < 3:
+                raise ValueError(f"stages must be >= 3 for mainloop wgmma, got {self.stages}")
+            cap = min(255, 65536 // (self.threads * self.ctas_per_sm))
+            if self.block_m // 2 + WGMMA_OTHER_REGS > cap:
+                raise ValueError(f"mainloop wgmma with block_m={self.block_m} needs about {self.block_m // 2} "
+                                 f"accumulator + {WGMMA_OTHER_REGS} other registers per thread, over the budget of "
+                                 f"{cap} for {self.threads} threads x {self.ctas_per_sm} CTAs/SM")
+        else:
+            if self.warps not in (1, 2, 4, 8):
+                raise ValueError(f"warps must be 1, 2, 4 or 8, got {self.warps}")
+            if self.block_n <= 0 or self.block_n % (16 * self.warps):
+                raise ValueError(f"block_n must be a positive multiple of 16*warps={16 * self.warps}, "
+                                 f"got {self.block_n}")
+            if self.wgmma_wait != KNOB["wgmma_wait"].default:
+                raise ValueError(f"wgmma_wait applies to mainloop wgmma only, got {self.wgmma_wait} with mma")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages must be in [2, 12], got {self.stages}")
-        if self.ctas_per_sm not in (1, 2, 3, 4):
-            raise ValueError(f"ctas_per_sm must be in 1..4, got {self.ctas_per_sm}")
-        if self.split_k not in (1, 2, 3, 4, 6, 8, 12, 16):
-            raise ValueError(f"split_k must be one of 1, 2, 3, 4, 6, 8, 12, 16, got {self.split_k}")
+        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "raster"):
+            knob = KNOB[name]
+            if getattr(self, name) not in knob.legal:
+                raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
         if self.smem_bytes > MAX_SMEM_PER_CTA:
             raise ValueError(f"schedule {self.id} needs {self.smem_bytes} B of shared memory (> {MAX_SMEM_PER_CTA})")
 
     @property
     def id(self) -> str:
-        return (f"{_FAMILY_TAG[self.family]}-m{self.block_m}n{self.block_n}k{K_BLOCK}"
-                f"-w{self.warps}-s{self.stages}-c{self.ctas_per_sm}"
-                + (f"-sk{self.split_k}" if self.split_k > 1 else ""))
+        head = (f"{_FAMILY_TAG[self.family]}-m{self.block_m}n{self.block_n}k{K_BLOCK}"
+                f"-w{self.warps}-s{self.stages}-c{self.ctas_per_sm}")
+        tail = "".join(f"-{k.token}{getattr(self, k.name)}" for k in KNOBS
+                       if not k.always and getattr(self, k.name) != k.default)
+        return head + tail
 
     @property
     def threads(self) -> int:
@@ -76,11 +151,20 @@ class Schedule:
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: the pipeline, or the epilogue tile if larger (mirrors Swap16Config)."""
+        """Dynamic shared memory: the pipeline or the epilogue tile, whichever is larger, plus the
+        base-alignment slack of the wgmma ring (mirrors ``MoeKernel::kSmemBytes`` in csrc, which
+        every rendered kernel static_asserts against this number)."""
         n_tiles = self.block_n // 16
-        stage = n_tiles * 512 + n_tiles * 64 + self.block_m * K_BLOCK * 2
         epilogue = self.block_m * (self.block_n + 8) * 2
+        stage = self.block_m * K_BLOCK * 2 + n_tiles * 512 + n_tiles * 64
+        if self.mainloop == "wgmma":
+            stage = -(-stage // 1024) * 1024
+            return max(self.stages * stage, epilogue) + 1024 - 16
         return max(self.stages * stage, epilogue)
+
+    def knobs(self) -> dict:
+        """The knob values by name (what a profile rule holds)."""
+        return {k.name: getattr(self, k.name) for k in KNOBS}
 
     @classmethod
     def from_id(cls, text: str) -> "Schedule":
@@ -90,16 +174,30 @@ class Schedule:
         return self.id
 
 
-_ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)(?:-sk(\d+))?$")
+_ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-[a-z]+\d*)*)$")
 
 
 @lru_cache(maxsize=512)
 def _parse_id(text: str) -> Schedule:
-    m = _ID_RE.match(text)
+    m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1")
-    tag, bm, bn, w, s, c, sk = m.groups()
-    return Schedule(_TAG_FAMILY[tag], int(bm), int(bn), int(w), int(s), int(c), int(sk or 1))
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-r8]")
+    tag, bm, bn, w, s, c, tail = m.groups()
+    extra: dict = {}
+    for part in filter(None, tail.split("-")):
+        for knob in KNOBS:
+            if knob.always or knob.name in extra:
+                continue
+            if isinstance(knob.default, str):
+                if part in knob.legal:
+                    extra[knob.name] = part
+                    break
+            elif part.startswith(knob.token) and part[len(knob.token):].isdigit():
+                extra[knob.name] = int(part[len(knob.token):])
+                break
+        else:
+            raise ValueError(f"schedule id {text!r}: unknown part {part!r}")
+    return Schedule(_TAG_FAMILY[tag], int(bm), int(bn), int(w), int(s), int(c), **extra)
 
 
 @dataclass(frozen=True)
@@ -212,7 +310,7 @@ def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
             _check_family(family)
             parsed = tuple(
                 Rule(float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"]),
-                     {k: v for k, v in r.items() if k in ("block_m", "block_n", "warps", "stages", "ctas_per_sm", "split_k")},
+                     {k: v for k, v in r.items() if k in KNOB},
                      r.get("why", ""), int(r.get("k_min", 0)),
                      float("inf") if r.get("k_max") is None else float(r["k_max"]))
                 for r in items
@@ -263,21 +361,27 @@ def profile_for(family: str, num_experts: int, n: int, k: int) -> Profile:
 
 def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
     """Schedule from rule knobs, with block_n reduced until it divides n."""
-    bm = int(knobs["block_m"])
-    bn = int(knobs.get("block_n", 128))
-    warps = int(knobs.get("warps", 4))
-    stages = int(knobs.get("stages", 4))
-    ctas = int(knobs.get("ctas_per_sm", 1))
-    split = int(knobs.get("split_k", 1))
+    vals = {k.name: knobs.get(k.name, k.default) for k in KNOBS}
+    vals["block_n"] = knobs.get("block_n", 128)
+    vals = {k: (v if isinstance(v, str) else int(v)) for k, v in vals.items()}
+    bn, warps = vals["block_n"], vals["warps"]
     if n % 16:
         raise ValueError(f"n must be a multiple of 16 for the swap16 layout, got {n}")
-    while n % bn:
-        bn //= 2
-        if bn < 16 * warps:
-            warps = max(1, warps // 2)
-    while bn % (16 * warps):
-        warps //= 2
-    return Schedule(family, bm, bn, warps, stages, ctas, split)
+    if vals["mainloop"] == "wgmma":
+        while n % bn and bn > 64:
+            bn = 128 if bn > 128 else 64
+        if n % bn:
+            raise ValueError(f"mainloop wgmma needs N divisible by 64, got {n}")
+        warps = bn // 16
+    else:
+        while n % bn:
+            bn //= 2
+            if bn < 16 * warps:
+                warps = max(1, warps // 2)
+        while bn % (16 * warps):
+            warps //= 2
+    vals.update(block_n=bn, warps=warps)
+    return Schedule(family, **vals)
 
 
 def _rule_for(rules: tuple, rows_per_expert: float, k: int) -> Rule:

@@ -29,37 +29,61 @@ from chord.schedule import MAX_SMEM_PER_CTA, Problem, Schedule, load_profile, se
 BLOCK_MS = (8, 16, 32, 64)
 BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
 SPLITS = (2, 4, 8)
-SPLIT_TOL = 1e-3  # split-K sums fp32 partials in another order: compared by relative error, not bits
+SPLIT_TOL = 1e-3  # split-K / another main loop sum in another order: compared by relative error, not bits
+WGMMA_BLOCK_MS = (16, 32, 64, 128, 256)
+WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 features x >= 8 tokens) is not tried
+RASTERS = (0, 8)  # wgmma candidates at >= 64 rows per expert
 
 
-def block_m_candidates(rows_per_expert: float) -> tuple[int, ...]:
+def block_m_candidates(rows_per_expert: float, block_ms: tuple = BLOCK_MS) -> tuple[int, ...]:
     """The block_m that covers an expert's expected rows, and the next smaller one."""
     need = max(1.0, rows_per_expert)
-    first = next((b for b in BLOCK_MS if b >= need), BLOCK_MS[-1])
-    i = BLOCK_MS.index(first)
-    return tuple(BLOCK_MS[max(0, i - 1): i + 1])
+    first = next((b for b in block_ms if b >= need), block_ms[-1])
+    i = block_ms.index(first)
+    return tuple(block_ms[max(0, i - 1): i + 1])
 
 
-def candidates(family: str, n: int, rows_per_expert: float) -> list[Schedule]:
+def _fits(s: Schedule) -> bool:
+    return s.smem_bytes * s.ctas_per_sm <= MAX_SMEM_PER_CTA
+
+
+def candidates(family: str, n: int, rows_per_expert: float,
+               mainloops: tuple[str, ...] = ("mma", "wgmma")) -> list[Schedule]:
+    """Schedules `chord tune` times for one GEMM point (every one is checked before timing)."""
     out = []
-    for bm in block_m_candidates(rows_per_expert):
-        for bn, warps in BN_WARPS:
-            if n % bn:
-                continue
-            for stages in ((6, 8) if bm <= 16 else (3, 4)):
-                for ctas in (1, 2):
-                    try:
-                        s = Schedule(family, bm, bn, warps, stages, ctas)
-                    except ValueError:
-                        continue
-                    if s.smem_bytes * ctas <= MAX_SMEM_PER_CTA:
-                        out.append(s)
-    if rows_per_expert < 1:  # few, long tiles (TP8 decode): split K over more CTAs
-        for bn in (64, 128):
-            if n % bn == 0:
-                for split in SPLITS:
+    rasters = RASTERS if rows_per_expert >= 64 else (0,)
+    if "mma" in mainloops:
+        for bm in block_m_candidates(rows_per_expert):
+            for bn, warps in BN_WARPS:
+                if n % bn:
+                    continue
+                for stages in ((6, 8) if bm <= 16 else (3, 4)):
                     for ctas in (1, 2):
-                        out.append(Schedule(family, 8, bn, 4, 8, ctas, split))
+                        try:
+                            s = Schedule(family, bm, bn, warps, stages, ctas)
+                        except ValueError:
+                            continue
+                        if _fits(s):
+                            out.append(s)
+        if rows_per_expert < 1:  # few, long tiles (TP8 decode): split K over more CTAs
+            for bn in (64, 128):
+                if n % bn == 0:
+                    for split in SPLITS:
+                        for ctas in (1, 2):
+                            out.append(Schedule(family, 8, bn, 4, 8, ctas, split))
+    if "wgmma" in mainloops and rows_per_expert >= WGMMA_MIN_ROWS:
+        for bm in block_m_candidates(rows_per_expert, WGMMA_BLOCK_MS):
+            for bn in (128, 256):
+                if n % bn:
+                    continue
+                for stages in ((4, 6, 8) if bm <= 32 else (3, 4, 5)):
+                    for raster in rasters:
+                        try:
+                            s = Schedule(family, bm, bn, bn // 16, stages, 1, mainloop="wgmma", raster=raster)
+                        except ValueError:
+                            continue
+                        if _fits(s):
+                            out.append(s)
     return out
 
 
@@ -114,6 +138,23 @@ def _gemm_calls(family, sc, data, fi, w13, w2):
         yield gemm, n, k, prob, make
 
 
+def tune_schedules(suite_path=None, scenario_ids: Iterable[str] | str | None = None, families=None, *,
+                   profile_file: str = "h200") -> list[Schedule]:
+    """Every schedule `tune_suite` would build for these scenarios (defaults and candidates), so
+    they can be compiled ahead on a machine without a GPU (`chord precompile --tune`)."""
+    from chord.bench.suite import load_suite
+
+    out: dict = {}
+    for sc, fams in load_suite(suite_path).select(scenario_ids, families):
+        prof = load_profile(f"{profile_file}:{sc.profile_deployment}")
+        for family in fams:
+            for n, k, top_k in ((sc.n_gate_up, sc.k_gate_up, sc.top_k), (sc.n_down, sc.k_down, 1)):
+                prob = Problem(family, sc.experts, n, k, sc.rows, top_k if family == "indexed" else 1)
+                for s in [select(prof, prob), *candidates(family, n, sc.rows_per_expert)]:
+                    out[s.id] = s
+    return list(out.values())
+
+
 def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None, families=None, *,
                profile_file: str = "h200", rep_ms: float = 25.0, log=print) -> list[Point]:
     import torch
@@ -158,7 +199,8 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
                     out.fill_(float("nan"))
                     fn()
                     torch.cuda.synchronize()
-                    if not _agrees(out, ref, exact=s.split_k == default.split_k == 1):
+                    exact = s.split_k == default.split_k == 1 and s.mainloop == default.mainloop
+                    if not _agrees(out, ref, exact=exact):
                         rejected.append(s.id)
                         log(f"  REJECTED {s.id}: output differs from {default.id}")
                         continue
@@ -174,7 +216,7 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
 
 
 def _agrees(out, ref, exact: bool) -> bool:
-    """Bit-identical (same knobs but split-K), or within SPLIT_TOL with the same unwritten rows."""
+    """Bit-identical (same main loop, no split-K), or within SPLIT_TOL with the same unwritten rows."""
     import torch
 
     nan_o, nan_r = torch.isnan(out), torch.isnan(ref)
@@ -236,10 +278,11 @@ def points_from_json(path) -> list[Point]:
 
 
 def _rule(bound, p: Point, k_max: int | None = None) -> dict:
+    from chord.schedule import KNOBS
+
     s = p.best
-    r = {"max_rows_per_expert": None if bound is None else round(bound, 3), "block_m": s.block_m,
-         "block_n": s.block_n, "warps": s.warps, "stages": s.stages, "ctas_per_sm": s.ctas_per_sm,
-         **({"split_k": s.split_k} if s.split_k > 1 else {}),
+    knobs = {k.name: getattr(s, k.name) for k in KNOBS if k.always or getattr(s, k.name) != k.default}
+    r = {"max_rows_per_expert": None if bound is None else round(bound, 3), **knobs,
          "why": f"tuned on {p.scenario} {p.gemm}: {p.best_us:.1f} us (was {p.default.id} {p.default_us:.1f} us)"}
     if k_max is not None:
         r["k_max"] = k_max

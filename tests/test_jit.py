@@ -14,13 +14,41 @@ needs_nvcc = pytest.mark.skipif(
     reason="nvcc not installed (CI always has it and never skips this)")
 
 
-def test_render_instantiates_the_family_template():
+def test_render_composes_family_mainloop_and_knobs():
     s = Schedule("grouped_masked", 16, 128, 4, 6, 2)
     src = jit.render(s)
-    assert '#include "grouped/sm90_w4a16_grouped.cuh"' in src
-    assert "sm90_w4a16_grouped_masked<16, 128, 4, 6, 1>" in src
-    assert "<8, 64, 4, 8, 4>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
+    assert '#include "sm90_w4a16_moe.cuh"' in src
+    assert "chord::MoeKernel<chord::Family::kMasked, 16, 128, chord::MmaSwap16<16, 128, 4, 6>, 1, 0>" in src
+    assert "MmaSwap16<8, 64, 4, 8>, 4, 0>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
     assert "__launch_bounds__(128, 2)" in src and s.id in src
+    wg = Schedule("indexed", 128, 256, 16, 4, 1, mainloop="wgmma", wgmma_wait=0, raster=8)
+    src = jit.render(wg)
+    assert "chord::WgmmaSwap64<128, 256, 4, 0>, 1, 8>" in src and "__launch_bounds__(512, 1)" in src
+
+
+def test_render_states_python_facts_for_the_compiler():
+    """Python's shared-memory size, thread count and GemmParams offsets are static_asserted."""
+    s = Schedule("indexed", 64, 128, 8, 5, 1, mainloop="wgmma")
+    src = jit.render(s)
+    assert f"ChordKernel::kSmemBytes == {s.smem_bytes}" in src
+    assert "ChordKernel::kThreads == 256" in src
+    offs = jit.gemm_params_offsets()
+    assert offs["counters"] == 136 and len(offs) * 8 == jit.pack_gemm_params(
+        x=0, qweight=0, scales=0, out=0, n=0, k=0, num_experts=0).__len__()
+    for name, off in offs.items():
+        assert f"offsetof(chord::GemmParams, {name}) == {off}" in src
+
+
+def test_generated_wgmma_header_is_current():
+    """csrc/common/wgmma_ops.cuh is exactly what csrc/common/wgmma_gen.py writes."""
+    import importlib.util
+
+    from chord._resources import csrc_dir
+
+    spec = importlib.util.spec_from_file_location("wgmma_gen", csrc_dir() / "common" / "wgmma_gen.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (csrc_dir() / "common" / "wgmma_ops.cuh").read_text() == gen.render()
 
 
 def test_params_block_layout():

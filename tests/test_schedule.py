@@ -136,3 +136,66 @@ def test_problem_validation(field, val):
     kw[field] = val
     with pytest.raises(ValueError):
         Problem(**kw)
+
+
+# ---- the knob table (one definition per knob) and the wgmma main loop -------------------------
+
+
+def test_every_knob_round_trips_through_the_id():
+    from chord.schedule import KNOBS
+
+    s = Schedule("indexed", 128, 256, 16, 5, 1, split_k=2, mainloop="wgmma", wgmma_wait=0, raster=8)
+    assert s.id == "idx-m128n256k64-w16-s5-c1-sk2-wgmma-wait0-r8"
+    assert Schedule.from_id(s.id) == s
+    assert set(s.knobs()) == {k.name for k in KNOBS}
+    for k in KNOBS:  # optional knobs at their default leave no trace in the id (old ids still parse)
+        if not k.always:
+            assert f"-{k.token}{k.default}" not in Schedule("indexed", 16, 128).id
+
+
+@pytest.mark.parametrize("kw, word", [
+    (dict(warps=4), "warps must be block_n/16"),
+    (dict(block_n=96, warps=6), "block_n must be 64, 128, 192 or 256"),
+    (dict(stages=2), "stages must be >= 3"),
+    (dict(block_m=256, block_n=256, warps=16), "register"),
+    (dict(block_m=264), "block_m"),
+    (dict(raster=3), "raster"),
+])
+def test_wgmma_schedule_rejects_bad_knobs(kw, word):
+    args = dict(family="indexed", block_m=64, block_n=128, warps=8, stages=4, mainloop="wgmma")
+    args.update(kw)
+    with pytest.raises(ValueError, match=word):
+        Schedule(**args)
+
+
+def test_mma_schedule_rejects_wgmma_only_knobs():
+    with pytest.raises(ValueError, match="wgmma_wait"):
+        Schedule("indexed", 16, 128, 4, 4, 1, wgmma_wait=0)
+    with pytest.raises(ValueError, match="mainloop"):
+        Schedule("indexed", 16, 128, mainloop="hgmma")
+    with pytest.raises(ValueError, match="unknown part"):
+        Schedule.from_id("idx-m16n128k64-w4-s4-c1-zz9")
+
+
+def test_wgmma_smem_formula():
+    s = Schedule("indexed", 128, 256, 16, 4, 1, mainloop="wgmma")
+    stage = -(-(128 * 128 + 16 * 512 + 16 * 64) // 1024) * 1024
+    assert s.smem_bytes == max(4 * stage, 128 * 264 * 2) + 1008
+
+
+def test_profile_rules_carry_every_knob(tmp_path, monkeypatch):
+    import json
+
+    from chord.schedule import load_profile_file
+
+    data = {"gpu": "t", "deployments": {"ep8-prefill": {"families": {"indexed": [
+        {"max_rows_per_expert": 32, "block_m": 32, "block_n": 128},
+        {"max_rows_per_expert": None, "block_m": 128, "block_n": 256, "mainloop": "wgmma", "stages": 5, "raster": 8},
+    ]}}}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    prof = load_profile_file(str(path)).profile("ep8-prefill")
+    big = select(prof, Problem("indexed", 48, 4096, 7168, 48 * 256, 8))
+    assert big.id == "idx-m128n256k64-w16-s5-c1-wgmma-r8"
+    narrow = select(prof, Problem("indexed", 48, 192, 7168, 48 * 256, 8))  # block_n fitted to N=192
+    assert (narrow.block_n, narrow.warps, narrow.mainloop) == (64, 4, "wgmma")

@@ -10,7 +10,28 @@ def test_candidates_are_valid_and_cover_block_m():
     assert c and all(isinstance(s, Schedule) and 4096 % s.block_n == 0 for s in c)
     assert {s.block_m for s in c} == {8, 16}
     assert {s.block_m for s in tune.candidates("indexed", 512, 0.02)} == {8}
-    assert {s.block_m for s in tune.candidates("indexed", 7168, 512)} == {32, 64}
+    assert {s.block_m for s in tune.candidates("indexed", 7168, 512) if s.mainloop == "mma"} == {32, 64}
+    assert {s.block_m for s in tune.candidates("indexed", 7168, 512) if s.mainloop == "wgmma"} == {128, 256}
+    assert {s.block_m for s in tune.candidates("indexed", 4096, 12.0) if s.mainloop == "wgmma"} == {16}
+    assert not any(s.mainloop == "wgmma" for s in tune.candidates("indexed", 4096, 4.0))  # decode: mma only
+    assert {s.raster for s in tune.candidates("indexed", 4096, 256)} == {0, 8}
+    assert all(s.warps == s.block_n // 16 for s in tune.candidates("indexed", 4096, 256) if s.mainloop == "wgmma")
+
+
+def test_tune_schedules_cover_defaults_and_candidates():
+    from chord.bench.suite import load_suite
+
+    scheds = tune.tune_schedules(scenario_ids="ep8-prefill-tok128")
+    assert len({s.id for s in scheds}) == len(scheds)
+    assert any(s.mainloop == "wgmma" for s in scheds) and any(s.mainloop == "mma" for s in scheds)
+    sc = load_suite().scenario("ep8-prefill-tok128")
+    assert set(tune.candidates("indexed", sc.n_down, sc.rows_per_expert)) <= set(scheds)
+
+
+def test_rule_keeps_every_non_default_knob():
+    pt = _pt("ep8-prefill", "indexed", "gate_up", 128.0, 4096, 7168, "idx-m128n256k64-w16-s4-c1-wgmma-r8", 600.0)
+    r = tune._rule(None, pt)
+    assert r["mainloop"] == "wgmma" and r["raster"] == 8 and "wgmma_wait" not in r and "split_k" not in r
 
 
 def _pt(dep, fam, gemm, rpe, n, k, best, us):

@@ -1,0 +1,175 @@
+// Main loop `mma`: operand-swapped mma.sync.m16n8k16 (weights = A/M side, tokens = B/N side).
+//
+// K is walked in 64-wide blocks through a STAGES-deep cp.async pipeline: weights (swap16
+// words) and scales are copied verbatim into shared memory, the activation rows are gathered
+// with an XOR swizzle so ldmatrix is conflict-free. Each warp owns NTW 16-row weight tiles and
+// all BT/8 token tiles; it dequantizes one 16x16 weight tile per k16 step in registers.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+
+#include "../common/dequant.cuh"
+#include "../common/params.cuh"
+#include "../common/ptx.cuh"
+
+namespace chord {
+
+template <int BT, int BN, int WARPS, int STAGES>
+struct MmaSwap16 {
+  static_assert(BT % 8 == 0 && BT >= 8 && BT <= 128, "mma main loop: BT multiple of 8 in [8, 128]");
+  static_assert(BN % (16 * WARPS) == 0, "mma main loop: BN multiple of 16*WARPS");
+  static_assert(STAGES >= 2, "mma main loop: STAGES >= 2");
+  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kNTiles = BN / 16;            // 16-row weight tiles per CTA
+  static constexpr int kNTW = kNTiles / WARPS;       // per warp
+  static constexpr int kTT = BT / 8;                 // 8-token MMA tiles
+  static constexpr int kWBytes = kNTiles * 32 * 16;  // swap16 words per stage
+  static constexpr int kSBytes = kNTiles * 8 * 8;    // scales per stage
+  static constexpr int kXBytes = BT * kKBlock * 2;   // activations per stage
+  static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
+  static constexpr int kSmemBytes = STAGES * kStageBytes;  // the pipeline (epilogue reuses it)
+  static constexpr int kAlign = 128;                       // needed alignment of the smem base
+
+  using Acc = float[kNTW][kTT][4];
+
+  // Accumulates K blocks [kb_begin, kb_end) of expert `expert`, N block `n_block` into acc.
+  // `in_row[r]` (shared): input row of tile row r, or -1 (zero-filled, never read).
+  __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
+                                             const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
+                                             uint8_t* smem, Acc& acc) {
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int K = static_cast<int>(p.k);
+    const int KB_ALL = K / kKBlock;
+    const int KB = kb_end - kb_begin;
+    const int NT = static_cast<int>(p.n) / 16;
+    const uint64_t evict_first = make_evict_first_policy();
+
+    const uint4* wbase = p.qweight + (static_cast<int64_t>(expert) * NT + n_block * kNTiles) * KB_ALL * 32;
+    const uint2* sbase = p.scales + (static_cast<int64_t>(expert) * NT + n_block * kNTiles) * KB_ALL * 8;
+
+    // Per-thread copy assignments, computed once: each K block only adds kb to the sources.
+    constexpr int T = kThreads;
+    constexpr int kWChunks = kNTiles * 32;  // 16-byte weight chunks per stage
+    constexpr int kSChunks = kNTiles * 4;   // 16-byte scale chunks per stage
+    constexpr int kXChunks = BT * 8;        // 16-byte activation chunks per stage
+    constexpr int kWIters = (kWChunks + T - 1) / T;
+    constexpr int kSIters = (kSChunks + T - 1) / T;
+    constexpr int kXIters = (kXChunks + T - 1) / T;
+    const uint32_t smem_base = smem_u32(smem);
+    const uint4* wsrc[kWIters];
+    const uint8_t* ssrc[kSIters];
+    const __nv_bfloat16* xsrc[kXIters];
+    uint32_t xdst[kXIters];
+    bool xvalid[kXIters];
+#pragma unroll
+    for (int it = 0; it < kWIters; ++it) {
+      const int c = tid + it * T;
+      wsrc[it] = wbase + (static_cast<int64_t>(c / 32) * KB_ALL + kb_begin) * 32 + (c % 32);
+    }
+#pragma unroll
+    for (int it = 0; it < kSIters; ++it) {
+      const int c = tid + it * T;
+      ssrc[it] = reinterpret_cast<const uint8_t*>(sbase + (static_cast<int64_t>(c / 4) * KB_ALL + kb_begin) * 8) +
+                 (c % 4) * 16;
+    }
+#pragma unroll
+    for (int it = 0; it < kXIters; ++it) {
+      const int c = tid + it * T;
+      const int r = (c / 8) % BT, ch = c % 8;
+      const int64_t row = in_row[r];
+      xvalid[it] = row >= 0 && c < kXChunks;
+      xsrc[it] = p.x + (row >= 0 ? row * K + kb_begin * kKBlock + ch * 8 : 0);
+      xdst[it] = kWBytes + kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
+    }
+
+    auto load_stage = [&](int s, int kb) {
+      const uint32_t st = smem_base + s * kStageBytes;
+#pragma unroll
+      for (int it = 0; it < kWIters; ++it) {
+        const int c = tid + it * T;
+        if (kWChunks % T == 0 || c < kWChunks) cp_async_16_stream_u32(st + c * 16, wsrc[it] + kb * 32, evict_first);
+      }
+#pragma unroll
+      for (int it = 0; it < kSIters; ++it) {
+        const int c = tid + it * T;
+        if (kSChunks % T == 0 || c < kSChunks)
+          cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + kb * 64, evict_first);
+      }
+#pragma unroll
+      for (int it = 0; it < kXIters; ++it) {
+        const int c = tid + it * T;
+        if (kXChunks % T == 0 || c < kXChunks) cp_async_16_u32(st + xdst[it], xsrc[it] + kb * kKBlock, xvalid[it]);
+      }
+    };
+
+#pragma unroll
+    for (int j = 0; j < kNTW; ++j)
+#pragma unroll
+      for (int i = 0; i < kTT; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
+
+    // Prologue: STAGES-1 k-blocks in flight.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < KB) load_stage(s, s);
+      cp_async_commit();
+    }
+
+    for (int kb = 0; kb < KB; ++kb) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // stage kb landed for everyone; stage kb-1 is free to overwrite
+      {
+        const int next = kb + STAGES - 1;
+        if (next < KB) load_stage(next % STAGES, next);
+        cp_async_commit();
+      }
+      const uint8_t* st = smem + (kb % STAGES) * kStageBytes;
+      const uint4* sw = reinterpret_cast<const uint4*>(st);
+      const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
+      const uint8_t* sx = st + kWBytes + kSBytes;
+
+      uint4 words[kNTW];
+      uint2 scl[kNTW];
+#pragma unroll
+      for (int j = 0; j < kNTW; ++j) {
+        const int t = warp * kNTW + j;
+        words[j] = sw[t * 32 + lane];
+        scl[j] = ss[t * 8 + lane / 4];
+      }
+
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // two 32-wide halves = two scale groups
+        uint32_t b[kTT][4];
+#pragma unroll
+        for (int i = 0; i < kTT; ++i) {
+          const int r = i * 8 + (lane & 7);
+          const int ch = 4 * h + (lane >> 3);
+          ldmatrix_x4(b[i], sx + r * 128 + ((ch ^ (r & 7)) * 16));
+        }
+#pragma unroll
+        for (int j = 0; j < kNTW; ++j) {
+          const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
+          const __nv_bfloat162 s_lo = __low2bfloat162(sp);
+          const __nv_bfloat162 s_hi = __high2bfloat162(sp);
+#pragma unroll
+          for (int ss2 = 0; ss2 < 2; ++ss2) {
+            const int step = 2 * h + ss2;
+            const uint32_t w = step == 0 ? words[j].x : step == 1 ? words[j].y : step == 2 ? words[j].z : words[j].w;
+            uint32_t a[4];
+            dequant_swap16(w, s_lo, s_hi, a);
+#pragma unroll
+            for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(acc[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every read of the pipeline's shared memory is done (the epilogue reuses it)
+  }
+};
+
+}  // namespace chord

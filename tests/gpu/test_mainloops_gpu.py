@@ -1,0 +1,202 @@
+"""The WGMMA main loop (and the tile raster) against the float32 reference, on every family.
+
+Outputs are poisoned with NaN before each launch; rows a kernel must skip are checked to stay
+NaN. Bit-exact properties: `wgmma_wait` 1 vs 0 and every `raster` give the same bits as the
+same schedule without them (same MMAs in the same order); split-K with wgmma is deterministic.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chord import ops, reference, routing
+from chord.schedule import Schedule, override
+from chord.testing import BF16_TOL, poisoned, random_experts, rel_err, same_bits
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):  # pragma: no cover
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs an sm_90 (Hopper) GPU")]
+
+_W: dict = {}
+
+
+def experts(e, n, k, seed=0):
+    key = (e, n, k, seed)
+    if key not in _W:
+        if len(_W) > 4:
+            _W.clear()
+        _W[key] = random_experts(e, n, k, seed)
+    return _W[key]
+
+
+WG_TILES = [(8, 64), (16, 128), (32, 256), (64, 128), (64, 256), (128, 128), (128, 256), (192, 128), (256, 128)]
+
+
+def wg(family, bm, bn, stages=4, **kw):
+    return Schedule(family, bm, bn, bn // 16, stages, 1, mainloop="wgmma", **kw)
+
+
+def run_indexed(s, x, pw, r, top_k, rows):
+    out = poisoned(rows, pw.n)
+    ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
+    return out
+
+
+@pytest.mark.parametrize("tile", WG_TILES, ids=lambda t: f"m{t[0]}n{t[1]}")
+@pytest.mark.parametrize("k", [64, 704, 2048])  # 1, 11 (odd) and 32 K blocks
+def test_wgmma_indexed_matches_reference(tile, k):
+    bm, bn = tile
+    e, n, m, top_k = 12, 512, 157, 4
+    qe, pw = experts(e, n, k)
+    ids = routing.random_topk_ids(m, e, top_k, seed=bm + k, device="cuda")
+    r = routing.align_block_size(ids, bm, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    s = wg("indexed", bm, bn)
+    out = run_indexed(s, x, pw, r, top_k, m * top_k)
+    ref = reference.indexed_gemm_ref(x, qe, None, r, top_k)
+    assert rel_err(out, ref) < BF16_TOL
+    # down-style call (top_k = 1) on the flat routed rows
+    x2 = torch.randn(m * top_k, k, device="cuda").bfloat16()
+    out2 = run_indexed(s, x2, pw, r, 1, m * top_k)
+    assert rel_err(out2, reference.indexed_gemm_ref(x2, qe, None, r, 1)) < BF16_TOL
+
+
+@pytest.mark.parametrize("tile", [(16, 128), (128, 128), (256, 128)], ids=lambda t: f"m{t[0]}n{t[1]}")
+@pytest.mark.parametrize("alignment", [1, 128])
+def test_wgmma_contiguous_matches_reference(tile, alignment):
+    bm, bn = tile
+    e, n, k, m, top_k = 24, 1024, 1024, 150, 8
+    qe, pw = experts(e, n, k)
+    ids = routing.random_topk_ids(m, e - 1, top_k, seed=alignment, device="cuda")
+    ids = torch.where(ids >= 5, ids + 1, ids)  # expert 5 gets no rows
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    lay = routing.contiguous_layout(x, ids, e, alignment=alignment)
+    xin = torch.cat([lay.x, torch.randn(7, k, device="cuda").bfloat16()])
+    out = poisoned(xin.shape[0], n)
+    ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=wg("grouped_contiguous", bm, bn))
+    rows = int(lay.expert_offsets[-1])
+    assert torch.isnan(out[rows:]).all(), "rows past expert_offsets[E] were written"
+    ref = reference.contiguous_gemm_ref(xin, qe, None, lay.expert_offsets)
+    assert rel_err(out[:rows], ref[:rows]) < BF16_TOL
+
+
+@pytest.mark.parametrize("tile", [(8, 128), (32, 256), (64, 128)], ids=lambda t: f"m{t[0]}n{t[1]}")
+@pytest.mark.parametrize("max_rows", [1, 13, 64])
+def test_wgmma_masked_matches_reference(tile, max_rows):
+    bm, bn = tile
+    e, n, k = 20, 1024, 768
+    qe, pw = experts(e, n, k)
+    counts = torch.randint(0, max_rows + 1, (e,), device="cuda", dtype=torch.int32)
+    counts[0], counts[1] = 0, max_rows
+    x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
+    out = poisoned(e, max_rows, n)
+    ops.gemm_masked(x, pw, counts, out=out, schedule=wg("grouped_masked", bm, bn))
+    ref = reference.masked_gemm_ref(x, qe, None, counts)
+    valid = ~torch.isnan(ref[..., 0])
+    assert torch.isnan(out[~valid]).all(), "rows past an expert's count were written"
+    assert rel_err(out[valid], ref[valid]) < BF16_TOL
+
+
+@pytest.mark.parametrize("tile", [(64, 128), (128, 256), (256, 128)], ids=lambda t: f"m{t[0]}n{t[1]}")
+def test_wgmma_wait0_and_raster_are_bit_identical(tile):
+    """Batched wait_group 1 vs 0 and every raster group issue the same MMAs in the same order."""
+    bm, bn = tile
+    e, n, k, m, top_k = 16, 1024, 1536, 300, 8
+    qe, pw = experts(e, n, k)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=3, device="cuda"), bm, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    base = wg("indexed", bm, bn)
+    first = run_indexed(base, x, pw, r, top_k, m * top_k)
+    assert rel_err(first, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL
+    for s in (override(base, wgmma_wait=0), override(base, raster=4), override(base, raster=16),
+              override(base, stages=3)):
+        assert same_bits(run_indexed(s, x, pw, r, top_k, m * top_k), first), s.id
+
+
+def test_mma_raster_is_bit_identical():
+    e, n, k, m, top_k = 16, 1024, 1024, 200, 8
+    qe, pw = experts(e, n, k)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=4, device="cuda"), 64, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    base = Schedule("indexed", 64, 128, 4, 4, 1)
+    first = run_indexed(base, x, pw, r, top_k, m * top_k)
+    assert rel_err(first, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL
+    assert same_bits(run_indexed(override(base, raster=8), x, pw, r, top_k, m * top_k), first)
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_wgmma_split_k_deterministic(split):
+    e, n, k, m, top_k = 32, 512, 7168, 9, 8
+    qe, pw = experts(e, n, k)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=split, device="cuda"), 16, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    s = wg("indexed", 16, 128, split_k=split)
+    first = run_indexed(s, x, pw, r, top_k, m * top_k)
+    assert rel_err(first, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL
+    assert same_bits(run_indexed(s, x, pw, r, top_k, m * top_k), first), "split-K is not deterministic"
+
+
+def test_wgmma_overallocated_and_skip_blocks():
+    e_global, e_local, n, k, m, top_k = 32, 16, 512, 1024, 77, 6
+    qe, pw = experts(e_local, n, k)
+    ids = routing.random_topk_ids(m, e_global, top_k, seed=3, device="cuda")
+    emap = torch.full((e_global,), -1, dtype=torch.int32, device="cuda")
+    local = torch.randperm(e_global, device="cuda")[:e_local]
+    emap[local] = torch.arange(e_local, dtype=torch.int32, device="cuda")
+    bm = 64
+    cap = routing.sorted_ids_capacity(m * top_k, bm, e_global) + bm * 10
+    r = routing.align_block_size(ids, bm, e_global, expert_map=emap, max_num_tokens_padded=cap)
+    assert (r.expert_ids == -1).any()
+    used = int(r.num_tokens_post_padded[0])
+    r.sorted_ids[used:] = 0
+    r.expert_ids[(used + bm - 1) // bm:] = 0
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = run_indexed(wg("indexed", bm, 128, raster=8), x, pw, r, top_k, m * top_k)
+    ref = reference.indexed_gemm_ref(x, qe, None, r, top_k)
+    written = ~torch.isnan(ref[:, 0])
+    assert torch.equal(~torch.isnan(out[:, 0]), written), "kernel wrote rows it must skip, or missed rows"
+    assert rel_err(out[written], ref[written]) < BF16_TOL
+
+
+def test_wgmma_kimi_ep8_prefill_shapes():
+    """EP8 gate_up and down at 256 rows/expert, the tiles the profile uses for prefill."""
+    for (n, k) in ((4096, 7168), (7168, 2048)):
+        e, tok_e = 48, 256
+        qe, pw = experts(e, n, k, seed=n)
+        m = tok_e * e // 8
+        ids = routing.balanced_topk_ids(m, e, 8, tok_e, seed=2).cuda()
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        lay = routing.contiguous_layout(x, ids, e)
+        out = poisoned(lay.x.shape[0], n)
+        ops.gemm_contiguous(lay.x, pw, lay.expert_offsets, out=out, schedule=wg("grouped_contiguous", 256, 128,
+                                                                                raster=8))
+        # the reference on a sample of experts (the full float32 product is large)
+        ref = reference.contiguous_gemm_ref(lay.x, qe, None, lay.expert_offsets)
+        assert rel_err(out, ref) < BF16_TOL
+
+
+def test_wgmma_cuda_graph_replay_with_new_routing():
+    e, n, k, m, top_k, bm = 16, 512, 1024, 40, 4, 64
+    qe, pw = experts(e, n, k)
+    s = wg("indexed", bm, 128)
+    cap = routing.sorted_ids_capacity(m * top_k, bm, e)
+    r0 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=1, device="cuda"), bm, e,
+                                  max_num_tokens_padded=cap)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = poisoned(m * top_k, n)
+    ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s)
+    for seed in (2, 3):
+        r1 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=seed, device="cuda"), bm, e,
+                                      max_num_tokens_padded=cap)
+        r0.sorted_ids.copy_(r1.sorted_ids)
+        r0.expert_ids.copy_(r1.expert_ids)
+        r0.num_tokens_post_padded.copy_(r1.num_tokens_post_padded)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r1, top_k)) < BF16_TOL
