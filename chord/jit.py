@@ -61,7 +61,7 @@ def render(schedule: "Schedule") -> str:
     """
     s = schedule
     if s.mainloop == "wgmma":
-        loop = f"chord::WgmmaSwap64<{s.block_m}, {s.block_n}, {s.stages}, {s.wgmma_wait}>"
+        loop = f"chord::WgmmaSwap64<{s.block_m}, {s.block_n}, {s.stages}, {s.wgmma_wait}, {s.producer}>"
     else:
         loop = f"chord::MmaSwap16<{s.block_m}, {s.block_n}, {s.warps}, {s.stages}>"
     offsets = "".join(

@@ -28,6 +28,7 @@ _TAG_FAMILY = {v: k for k, v in _FAMILY_TAG.items()}
 K_BLOCK = 64  # K elements per pipeline stage (fixed by the swap16 layout)
 MAX_SMEM_PER_CTA = 227 * 1024
 WGMMA_OTHER_REGS = 48  # registers a wgmma thread needs besides its block_m/2 accumulators (ptxas -v)
+WGMMA_PRODUCER_REGS = 88  # setmaxnreg of the producer warpgroup (WgmmaSwap64::kProducerRegs)
 
 
 def _check_family(family: str) -> str:
@@ -73,6 +74,9 @@ KNOBS: tuple[Knob, ...] = (
          "mma: cp.async + mma.sync.m16n8k16; wgmma: cp.async + wgmma.m64nBTk16, weights in registers", off="mma"),
     Knob("wgmma_wait", "wait", 1, (0, 1), "WAIT",
          "wgmma groups left in flight while the next K block is dequantized (batched wait_group 1)", off=0),
+    Knob("producer", "ws", 0, (0, 1), "PRODUCER",
+         "wgmma: 1 = one producer warp feeds the ring through mbarriers (warp-specialized), 0 = every thread "
+         "copies and a CTA barrier per K block publishes it", off=0),
     Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "RASTER",
          "token tiles per raster group walked over all N blocks (0: launch order)", off=0),
 )
@@ -92,6 +96,7 @@ class Schedule:
     split_k: int = 1  # CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)
     mainloop: str = "mma"  # "mma" (mma.sync) or "wgmma" (warpgroup MMA, sm_90a)
     wgmma_wait: int = 1  # wgmma groups in flight while the next K block is dequantized
+    producer: int = 0  # wgmma: 1 = a producer warp + mbarriers (warp-specialized)
     raster: int = 0  # token tiles per raster group (0: launch order)
 
     def __post_init__(self) -> None:
@@ -115,7 +120,16 @@ class Schedule:
                                  f"(one warp per 16 output features), got {self.warps}")
             if self.stages < 3:
                 raise ValueError(f"stages must be >= 3 for mainloop wgmma, got {self.stages}")
-            cap = min(255, 65536 // (self.threads * self.ctas_per_sm))
+            if self.producer and self.ctas_per_sm != 1:
+                raise ValueError(f"producer=1 (setmaxnreg) needs ctas_per_sm=1, got {self.ctas_per_sm}")
+            if self.producer:  # setmaxnreg: consumers get what the producer warpgroup gives back
+                entry = min(256, 65536 // self.threads // 8 * 8)
+                cap = min(256, (entry + 128 * (entry - WGMMA_PRODUCER_REGS) // (self.warps * 32)) // 8 * 8)
+                if cap <= entry:
+                    raise ValueError(f"producer=1 with block_n={self.block_n}: the producer warpgroup has no registers "
+                                     f"to hand over ({self.threads} threads start with {entry}); use block_n <= 192")
+            else:
+                cap = min(255, 65536 // (self.threads * self.ctas_per_sm) // 8 * 8)
             if self.block_m // 2 + WGMMA_OTHER_REGS > cap:
                 raise ValueError(f"mainloop wgmma with block_m={self.block_m} needs about {self.block_m // 2} "
                                  f"accumulator + {WGMMA_OTHER_REGS} other registers per thread, over the budget of "
@@ -126,11 +140,12 @@ class Schedule:
             if self.block_n <= 0 or self.block_n % (16 * self.warps):
                 raise ValueError(f"block_n must be a positive multiple of 16*warps={16 * self.warps}, "
                                  f"got {self.block_n}")
-            if self.wgmma_wait != KNOB["wgmma_wait"].default:
-                raise ValueError(f"wgmma_wait applies to mainloop wgmma only, got {self.wgmma_wait} with mma")
+            for name in ("wgmma_wait", "producer"):
+                if getattr(self, name) != KNOB[name].default:
+                    raise ValueError(f"{name} applies to mainloop wgmma only, got {getattr(self, name)} with mma")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages must be in [2, 12], got {self.stages}")
-        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "raster"):
+        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "raster"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -147,7 +162,8 @@ class Schedule:
 
     @property
     def threads(self) -> int:
-        return self.warps * 32
+        """Threads per CTA: the MMA warps, plus the producer warpgroup of a warp-specialized loop."""
+        return self.warps * 32 + (128 if self.producer else 0)
 
     @property
     def smem_bytes(self) -> int:

@@ -78,12 +78,14 @@ def candidates(family: str, n: int, rows_per_expert: float,
                     continue
                 for stages in ((4, 6, 8) if bm <= 32 else (3, 4, 5)):
                     for raster in rasters:
-                        try:
-                            s = Schedule(family, bm, bn, bn // 16, stages, 1, mainloop="wgmma", raster=raster)
-                        except ValueError:
-                            continue
-                        if _fits(s):
-                            out.append(s)
+                        for producer in (0, 1):
+                            try:
+                                s = Schedule(family, bm, bn, bn // 16, stages, 1, mainloop="wgmma", raster=raster,
+                                             producer=producer)
+                            except ValueError:
+                                continue
+                            if _fits(s):
+                                out.append(s)
     return out
 
 

@@ -1,6 +1,7 @@
 // A W4A16 MoE GEMM kernel put together from its parts:
 //   family (row source: indexed / grouped_contiguous / grouped_masked, moe/rows.cuh)
-//   x main loop (MmaSwap16: cp.async + mma.sync, WgmmaSwap64: cp.async + wgmma, mainloop/)
+//   x main loop (MmaSwap16: cp.async + mma.sync; WgmmaSwap64: cp.async + wgmma, multistage or
+//     with a producer warp and mbarriers; mainloop/)
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh).
 // One CTA computes BT token rows x BN output features of one expert:
 //   out[row, n] = sum_k x[row, k] * (q[e, n, k] * scale[e, n, k/32])
@@ -60,8 +61,10 @@ struct MoeKernel {
     const int kb_begin = static_cast<int>((static_cast<int64_t>(kb_all) * z) / SPLIT);
     const int kb_end = static_cast<int>((static_cast<int64_t>(kb_all) * (z + 1)) / SPLIT);
     typename Mainloop::Acc acc;
-    Mainloop::run(p, e, tc.n_block, in_row, kb_begin, kb_end, smem, acc);
-    store_tile<BT, BN, kThreads, Mainloop::kNTW, SPLIT>(p, acc, tc.n_block, out_row, smem);
+    if (!Mainloop::run(p, e, tc.n_block, in_row, kb_begin, kb_end, smem, acc)) return;  // a producer warp
+    constexpr int kEpi = Mainloop::kEpilogueThreads;
+    store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads>(p, acc, tc.n_block, out_row,
+                                                                                          smem);
   }
 };
 

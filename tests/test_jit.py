@@ -23,7 +23,7 @@ def test_render_composes_family_mainloop_and_knobs():
     assert "__launch_bounds__(128, 2)" in src and s.id in src
     wg = Schedule("indexed", 128, 256, 16, 4, 1, mainloop="wgmma", wgmma_wait=0, raster=8)
     src = jit.render(wg)
-    assert "chord::WgmmaSwap64<128, 256, 4, 0>, 1, 8>" in src and "__launch_bounds__(512, 1)" in src
+    assert "chord::WgmmaSwap64<128, 256, 4, 0, 0>, 1, 8>" in src and "__launch_bounds__(512, 1)" in src
 
 
 def test_render_states_python_facts_for_the_compiler():

@@ -56,11 +56,13 @@ def test_profile_has_every_deployment_and_family():
     assert len(pf.all_schedules()) >= 8
 
 
-@pytest.mark.parametrize("tok_e,bm", [(1, 8), (4, 8), (12, 16), (32, 32), (64, 64), (512, 64)])
-def test_block_m_follows_rows_per_expert(tok_e, bm):
+@pytest.mark.parametrize("tok_e,bm,loop", [(1, 8, "mma"), (4, 8, "mma"), (12, 16, "mma"), (32, 32, "mma"),
+                                          (64, 64, "wgmma"), (128, 128, "wgmma"), (512, 128, "wgmma")])
+def test_block_m_follows_rows_per_expert(tok_e, bm, loop):
     p = Problem("indexed", 48, 4096, 7168, rows=48 * tok_e, top_k=8)
     dep = "ep8-decode" if tok_e <= 32 else "ep8-prefill"
-    assert select(f"h200:{dep}", p).block_m == bm
+    s = select(f"h200:{dep}", p)
+    assert (s.block_m, s.mainloop) == (bm, loop)
 
 
 def test_k_bounded_rules_give_down_its_own_schedule(tmp_path):

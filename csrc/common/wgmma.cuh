@@ -44,4 +44,15 @@ __device__ __forceinline__ uint64_t smem_desc_k128(uint32_t smem_addr) {
   return desc;
 }
 
+// Register reallocation between warpgroups (sm_90a): takes effect when the kernel has a register
+// cap at entry (__launch_bounds__(threads, 1)); every warp of the warpgroup executes it.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 }  // namespace chord

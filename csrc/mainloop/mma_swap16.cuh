@@ -21,6 +21,8 @@ struct MmaSwap16 {
   static_assert(BN % (16 * WARPS) == 0, "mma main loop: BN multiple of 16*WARPS");
   static_assert(STAGES >= 2, "mma main loop: STAGES >= 2");
   static constexpr int kThreads = WARPS * 32;
+  static constexpr int kMmaWarps = WARPS;           // warps holding accumulators
+  static constexpr int kEpilogueThreads = kThreads;  // every thread runs the epilogue
   static constexpr int kNTiles = BN / 16;            // 16-row weight tiles per CTA
   static constexpr int kNTW = kNTiles / WARPS;       // per warp
   static constexpr int kTT = BT / 8;                 // 8-token MMA tiles
@@ -34,8 +36,9 @@ struct MmaSwap16 {
   using Acc = float[kNTW][kTT][4];
 
   // Accumulates K blocks [kb_begin, kb_end) of expert `expert`, N block `n_block` into acc.
-  // `in_row[r]` (shared): input row of tile row r, or -1 (zero-filled, never read).
-  __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
+  // `in_row[r]` (shared): input row of tile row r, or -1 (zero-filled, never read). Returns
+  // whether this thread holds accumulators for the epilogue (always, here).
+  __device__ __forceinline__ static bool run(const GemmParams& p, int expert, int n_block,
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
                                              uint8_t* smem, Acc& acc) {
     const int tid = threadIdx.x;
@@ -169,6 +172,7 @@ struct MmaSwap16 {
     }
     cp_async_wait<0>();
     __syncthreads();  // every read of the pipeline's shared memory is done (the epilogue reuses it)
+    return true;
   }
 };
 

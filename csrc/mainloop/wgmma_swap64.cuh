@@ -18,8 +18,17 @@
 // of two register sets, issues four wgmmas as one group and waits until at most WAIT groups are
 // in flight. WAIT = 1 (batched `wait_group 1`): the tensor cores run block kb while the warps
 // dequantize kb+1; a ring slot is refilled two blocks after it was read, once the group that
-// read it has retired in every warp (a CTA barrier lies between). WAIT = 0 retires each group before the next
-// dequantization; both issue the same MMAs in the same order, so their outputs are bit-identical.
+// read it has retired in every warp (a CTA barrier lies between). WAIT = 0 retires each group
+// before the next dequantization; both issue the same MMAs in the same order, so their outputs
+// are bit-identical.
+//
+// PRODUCER = 0 (multistage): every thread issues its share of the cp.async copies and a CTA
+// barrier per K block publishes a stage. PRODUCER = 1 (warp-specialized): an extra warpgroup
+// issues all copies, with its registers handed to the consumers (setmaxnreg 88 / the rest); it
+// publishes a stage on the stage's `full` mbarrier once its cp.async group has landed
+// (wait_group + proxy fence + arrive), and the consumer warps hand the slot back on its `empty`
+// mbarrier when the wgmma group that read it has retired. Consumers never wait for each
+// other, only for data. The MMAs and their order are the same in both (bit-identical outputs).
 #pragma once
 
 #include <cstdint>
@@ -27,20 +36,37 @@
 #include <cuda_bf16.h>
 
 #include "../common/dequant.cuh"
+#include "../common/mbarrier.cuh"
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
 #include "../common/wgmma.cuh"
+#include "../moe/epilogue.cuh"
 
 namespace chord {
 
-template <int BT, int BN, int STAGES, int WAIT>
+template <int BT, int BN, int STAGES, int WAIT, int PRODUCER = 0>
 struct WgmmaSwap64 {
   static_assert(BT % 8 == 0 && BT >= 8 && BT <= 256, "wgmma main loop: BT multiple of 8 in [8, 256]");
   static_assert(BN % 64 == 0 && BN >= 64 && BN <= 256, "wgmma main loop: BN in {64, 128, 192, 256}");
   static_assert(STAGES >= 3, "wgmma main loop: STAGES >= 3 (one slot is read by the group in flight)");
   static_assert(WAIT == 0 || WAIT == 1, "wgmma main loop: WAIT is 0 or 1");
-  static constexpr int kWarps = BN / 16;
-  static constexpr int kThreads = kWarps * 32;
+  static_assert(PRODUCER == 0 || PRODUCER == 1, "wgmma main loop: PRODUCER is 0 or 1");
+  static constexpr int kMmaWarps = BN / 16;  // one 16-row weight tile per warp
+  static constexpr int kThreads = kMmaWarps * 32 + (PRODUCER ? 128 : 0);
+  static constexpr int kEpilogueThreads = kMmaWarps * 32;  // the producer warpgroup leaves first
+  // PRODUCER = 1: the producer warpgroup gives registers to the consumers (setmaxnreg). The CTA
+  // starts with kEntryRegs per thread (ptxas' cap for __launch_bounds__(kThreads, 1)); the
+  // consumers may take only what the producer gives back, else setmaxnreg.inc would wait forever.
+  static constexpr int kProducerRegs = 88;
+  static constexpr int kEntryRegsRaw = 65536 / kThreads / 8 * 8;
+  static constexpr int kEntryRegs = kEntryRegsRaw > 256 ? 256 : kEntryRegsRaw;
+  static constexpr int kConsumerRegsRaw =
+      (kEntryRegs + 128 * (kEntryRegs - kProducerRegs) / (kMmaWarps * 32)) / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsRaw > 256 ? 256 : kConsumerRegsRaw;
+  static_assert(!PRODUCER || kConsumerRegs > kEntryRegs,
+                "wgmma main loop: the producer warpgroup has no registers to hand over at this tile (BN <= 192)");
+  static_assert(!PRODUCER || kMmaWarps * 32 * (kConsumerRegs - kEntryRegs) <= 128 * (kEntryRegs - kProducerRegs),
+                "wgmma main loop: consumers would take more registers than the producer gives back");
   static constexpr int kNTiles = BN / 16;
   static constexpr int kNTW = 1;
   static constexpr int kTT = BT / 8;
@@ -50,108 +76,216 @@ struct WgmmaSwap64 {
   static constexpr int kStageBytes = (kXBytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = STAGES * kStageBytes;
   static constexpr int kAlign = 1024;  // the 128-byte swizzle repeats every 1024 bytes
+  // PRODUCER = 1: stages whose copies may still be in flight before the producer publishes the
+  // oldest (<= STAGES - 2, so the producer never waits for a slot it has not published yet).
+  static constexpr int kLag = STAGES - 2;
 
   using Acc = float[1][kTT][4];
 
-  __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
+  // Copies of K block kb (relative to the tile's first block) into ring slot `slot`, shared out
+  // over `nthreads` threads of which this is thread `t`.
+  template <int NTHREADS>
+  __device__ __forceinline__ static void load_stage(const GemmParams& p, const int64_t* __restrict__ in_row,
+                                                    const __nv_bfloat16* xbase, const uint4* wbase,
+                                                    const uint8_t* sbase, int KB_ALL, int t, uint32_t st, int kb) {
+    constexpr int kXChunks = BT * 8, kWChunks = kNTiles * 32, kSChunks = kNTiles * 4;
+    const int K = KB_ALL * kKBlock;
+#pragma unroll
+    for (int it = 0; it < (kXChunks + NTHREADS - 1) / NTHREADS; ++it) {
+      const int c = t + it * NTHREADS;
+      if (kXChunks % NTHREADS == 0 || c < kXChunks) {
+        const int r = c / 8, ch = c % 8;
+        const int64_t row = in_row[r];
+        const __nv_bfloat16* src = xbase + (row >= 0 ? row * K + kb * kKBlock + ch * 8 : 0);
+        cp_async_16_u32(st + r * 128 + ((ch ^ (r & 7)) * 16), src, row >= 0);
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < (kWChunks + NTHREADS - 1) / NTHREADS; ++it) {
+      const int c = t + it * NTHREADS;
+      if (kWChunks % NTHREADS == 0 || c < kWChunks)
+        cp_async_16_u32(st + kXBytes + c * 16, wbase + (static_cast<int64_t>(c / 32) * KB_ALL + kb) * 32 + c % 32,
+                        true);
+    }
+#pragma unroll
+    for (int it = 0; it < (kSChunks + NTHREADS - 1) / NTHREADS; ++it) {
+      const int c = t + it * NTHREADS;
+      if (kSChunks % NTHREADS == 0 || c < kSChunks)
+        cp_async_16_u32(st + kXBytes + kWBytes + c * 16,
+                        sbase + (static_cast<int64_t>(c / 4) * KB_ALL + kb) * 64 + (c % 4) * 16, true);
+    }
+  }
+
+  // The consumer half of one K block: this warp's swap16 words and scales of ring slot `slot`,
+  // dequantized into register set `a`, then four wgmmas (k16 steps) committed as one group.
+  __device__ __forceinline__ static void mma_block(const uint8_t* smem, uint64_t desc0, int slot, int warp, int lane,
+                                                   uint32_t (&a)[4][4], Acc& acc) {
+    const uint8_t* st = smem + slot * kStageBytes;
+    const uint4 words = reinterpret_cast<const uint4*>(st + kXBytes)[warp * 32 + lane];
+    const uint2 scl = reinterpret_cast<const uint2*>(st + kXBytes + kWBytes)[warp * 8 + lane / 4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __nv_bfloat162 sp = as_bf162(h == 0 ? scl.x : scl.y);
+      const __nv_bfloat162 s_lo = __low2bfloat162(sp);
+      const __nv_bfloat162 s_hi = __high2bfloat162(sp);
+      dequant_swap16(h == 0 ? words.x : words.z, s_lo, s_hi, a[2 * h]);
+      dequant_swap16(h == 0 ? words.y : words.w, s_lo, s_hi, a[2 * h + 1]);
+    }
+    wgmma_fence();
+    const uint64_t desc = desc0 + static_cast<uint64_t>((slot * kStageBytes) >> 4);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) WgmmaRA<BT>::mma(acc[0], a[s], desc + static_cast<uint64_t>(s * 2), 1);
+    wgmma_commit();
+  }
+
+  // Runs `block(kb, a, drain)` over kb = 0..KB-1 with the two register sets alternating; an odd
+  // count starts with a lone block that retires its group before the loop (ptxas must never see
+  // a group in flight where two paths join).
+  template <class Block>
+  __device__ __forceinline__ static void k_loop(int KB, Block&& block) {
+    uint32_t a0[4][4], a1[4][4];
+    int kb = 0;
+    if (KB & 1) block(kb++, a1, std::true_type{});
+    for (; kb < KB; kb += 2) {
+      block(kb, a0, std::false_type{});
+      block(kb + 1, a1, std::false_type{});
+    }
+  }
+
+  // wait_group after block kb: everything on the last block (the epilogue reads acc next).
+  template <class Drain>
+  __device__ __forceinline__ static void retire(int kb, int KB, Drain) {
+    if (Drain::value || kb + 1 == KB) {
+      wgmma_wait<0>();
+    } else {
+      wgmma_wait<WAIT>();  // no accumulator access here: a group may still be in flight
+    }
+  }
+
+  // Returns false in the producer warpgroup, which has exited its role when run() returns: the
+  // consumers alone run the epilogue (its code never joins the producer's, whose registers were
+  // given away).
+  __device__ __forceinline__ static bool run(const GemmParams& p, int expert, int n_block,
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
                                              uint8_t* smem, Acc& acc) {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
-    const int K = static_cast<int>(p.k);
-    const int KB_ALL = K / kKBlock;
+    const int KB_ALL = static_cast<int>(p.k) / kKBlock;
     const int KB = kb_end - kb_begin;
     const int NT = static_cast<int>(p.n) / 16;
     const uint32_t smem_base = smem_u32(smem);
-
-    // Weights: one 16-byte chunk per thread per stage (kThreads == kNTiles * 32); scales: the
-    // first kNTiles * 4 threads. Activations: BT * 8 chunks, rows looked up in in_row.
-    constexpr int T = kThreads;
-    constexpr int kSChunks = kNTiles * 4;
-    constexpr int kXChunks = BT * 8;
-    constexpr int kXIters = (kXChunks + T - 1) / T;
     const int64_t tile0 = static_cast<int64_t>(expert) * NT + n_block * kNTiles;
-    const uint4* wsrc = p.qweight + ((tile0 + tid / 32) * KB_ALL + kb_begin) * 32 + (tid % 32);
-    const uint8_t* ssrc = reinterpret_cast<const uint8_t*>(p.scales + ((tile0 + tid / 4) * KB_ALL + kb_begin) * 8) +
-                          (tid % 4) * 16;
+    const uint4* wbase = p.qweight + tile0 * KB_ALL * 32 + static_cast<int64_t>(kb_begin) * 32;
+    const uint8_t* sbase = reinterpret_cast<const uint8_t*>(p.scales + tile0 * KB_ALL * 8) + kb_begin * 64;
     const __nv_bfloat16* xbase = p.x + static_cast<int64_t>(kb_begin) * kKBlock;
-
-    auto load_stage = [&](int s, int kb) {
-      const uint32_t st = smem_base + s * kStageBytes;
-#pragma unroll
-      for (int it = 0; it < kXIters; ++it) {
-        const int c = tid + it * T;
-        if (kXChunks % T == 0 || c < kXChunks) {
-          const int r = c / 8, ch = c % 8;
-          const int64_t row = in_row[r];
-          const __nv_bfloat16* src = xbase + (row >= 0 ? row * K + kb * kKBlock + ch * 8 : 0);
-          cp_async_16_u32(st + r * 128 + ((ch ^ (r & 7)) * 16), src, row >= 0);
-        }
-      }
-      cp_async_16_u32(st + kXBytes + tid * 16, wsrc + kb * 32, true);
-      if (tid < kSChunks) cp_async_16_u32(st + kXBytes + kWBytes + tid * 16, ssrc + kb * 64, true);
+    auto load = [&](auto nthreads, int t, int slot, int kb) {
+      load_stage<decltype(nthreads)::value>(p, in_row, xbase, wbase, sbase, KB_ALL, t,
+                                            smem_base + slot * kStageBytes, kb);
     };
 
 #pragma unroll
     for (int i = 0; i < kTT; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[0][i][c] = 0.f;
-
     const uint64_t desc0 = smem_desc_k128(smem_base);
 
-    // One K block into register set `a` (the other set may still be read by the group in flight).
-    auto block = [&](int kb, uint32_t (&a)[4][4], auto drain) {
-      cp_async_wait<STAGES - 3>();
-      fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
-      __syncthreads();             // block kb landed for all; groups <= kb-2 retired in all warps
-      {
-        const int next = kb + STAGES - 2;
-        if (next < KB) load_stage(next % STAGES, next);
+    if constexpr (PRODUCER == 0) {
+      // Every thread copies one 16-byte chunk of weights per stage (kThreads == kNTiles * 32),
+      // the first kNTiles * 4 threads one of scales, and BT * 8 / kThreads activation chunks;
+      // the weight and scale sources are computed once, each K block only adds kb. (Sharing
+      // load_stage here, as the producer does, costs 3-4 % more instructions per K block in
+      // ptxas 13.0's output: measured on the SASS of the 128x256 and 64x128 tiles.)
+      static_assert(kThreads == kNTiles * 32, "multistage: one weight chunk per thread");
+      const uint4* wsrc = wbase + static_cast<int64_t>(tid / 32) * KB_ALL * 32 + tid % 32;
+      const uint8_t* ssrc = sbase + static_cast<int64_t>(tid / 4) * KB_ALL * 64 + (tid % 4) * 16;
+      auto load_all = [&](int slot, int kb) {
+        const uint32_t st = smem_base + slot * kStageBytes;
+        constexpr int kXChunks = BT * 8;
+#pragma unroll
+        for (int it = 0; it < (kXChunks + kThreads - 1) / kThreads; ++it) {
+          const int c = tid + it * kThreads;
+          if (kXChunks % kThreads == 0 || c < kXChunks) {
+            const int r = c / 8, ch = c % 8;
+            const int64_t row = in_row[r];
+            const __nv_bfloat16* src = xbase + (row >= 0 ? row * p.k + kb * kKBlock + ch * 8 : 0);
+            cp_async_16_u32(st + r * 128 + ((ch ^ (r & 7)) * 16), src, row >= 0);
+          }
+        }
+        cp_async_16_u32(st + kXBytes + tid * 16, wsrc + kb * 32, true);
+        if (tid < kNTiles * 4) cp_async_16_u32(st + kXBytes + kWBytes + tid * 16, ssrc + kb * 64, true);
+      };
+      // Prologue: STAGES-2 K blocks in flight (one more slot is read by the group in flight).
+#pragma unroll
+      for (int s = 0; s < STAGES - 2; ++s) {
+        if (s < KB) load_all(s, s);
         cp_async_commit();
       }
-      const int slot = kb % STAGES;
-      const uint8_t* st = smem + slot * kStageBytes;
-      const uint4 words = reinterpret_cast<const uint4*>(st + kXBytes)[warp * 32 + lane];
-      const uint2 scl = reinterpret_cast<const uint2*>(st + kXBytes + kWBytes)[warp * 8 + lane / 4];
+      wgmma_fence_operand(acc[0]);
+      k_loop(KB, [&](int kb, uint32_t (&a)[4][4], auto drain) {
+        cp_async_wait<STAGES - 3>();
+        fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
+        __syncthreads();             // block kb landed for all; groups <= kb-2 retired in all warps
+        const int next = kb + STAGES - 2;
+        if (next < KB) load_all(next % STAGES, next);
+        cp_async_commit();
+        mma_block(smem, desc0, kb % STAGES, warp, lane, a, acc);
+        retire(kb, KB, drain);
+      });
+      wgmma_wait<0>();
+      wgmma_fence_operand(acc[0]);
+      cp_async_wait<0>();
+    } else {
+      __shared__ __align__(8) uint64_t full[STAGES];
+      __shared__ __align__(8) uint64_t empty[STAGES];
+      if (tid == 0) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const __nv_bfloat162 sp = as_bf162(h == 0 ? scl.x : scl.y);
-        const __nv_bfloat162 s_lo = __low2bfloat162(sp);
-        const __nv_bfloat162 s_hi = __high2bfloat162(sp);
-        dequant_swap16(h == 0 ? words.x : words.z, s_lo, s_hi, a[2 * h]);
-        dequant_swap16(h == 0 ? words.y : words.w, s_lo, s_hi, a[2 * h + 1]);
+        for (int s = 0; s < STAGES; ++s) {
+          mbar_init(&full[s], 128);         // the producer warpgroup's threads
+          mbar_init(&empty[s], kMmaWarps);  // one arrival per consumer warp
+        }
+        mbar_fence_init();
       }
-      wgmma_fence();
-      const uint64_t desc = desc0 + static_cast<uint64_t>((slot * kStageBytes) >> 4);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) WgmmaRA<BT>::mma(acc[0], a[s], desc + static_cast<uint64_t>(s * 2), 1);
-      wgmma_commit();
-      if (decltype(drain)::value || kb + 1 == KB) {
-        wgmma_wait<0>();  // the last block: retire everything before the epilogue reads acc
-      } else {
-        wgmma_wait<WAIT>();  // no accumulator access here: a group may still be in flight
+      __syncthreads();
+      if (warp >= kMmaWarps) {  // producer warpgroup
+        setmaxnreg_dec<kProducerRegs>();
+        using Producers = std::integral_constant<int, 128>;
+        const int t = tid - kMmaWarps * 32;
+        for (int kb = 0; kb < KB; ++kb) {
+          const int slot = kb % STAGES;
+          if (kb >= STAGES) mbar_wait(&empty[slot], ((kb / STAGES) - 1) & 1);
+          load(Producers{}, t, slot, kb);
+          cp_async_commit();
+          if (kb >= kLag) {  // the group of block kb - kLag has landed: publish it
+            cp_async_wait<kLag>();
+            fence_proxy_async_shared();
+            mbar_arrive(&full[(kb - kLag) % STAGES]);
+          }
+        }
+        cp_async_wait<0>();
+        fence_proxy_async_shared();
+        for (int kb = KB > kLag ? KB - kLag : 0; kb < KB; ++kb) mbar_arrive(&full[kb % STAGES]);
+        return false;
+      } else {  // consumer warps
+        setmaxnreg_inc<kConsumerRegs>();
+        wgmma_fence_operand(acc[0]);
+        k_loop(KB, [&](int kb, uint32_t (&a)[4][4], auto drain) {
+          const int slot = kb % STAGES;
+          mbar_wait(&full[slot], (kb / STAGES) & 1);
+          mma_block(smem, desc0, slot, warp, lane, a, acc);
+          retire(kb, KB, drain);
+          // groups <= kb - WAIT have retired: their slots go back to the producer
+          const int done = kb - WAIT;
+          if (lane == 0 && done >= 0 && kb + 1 < KB) mbar_arrive(&empty[done % STAGES]);
+        });
+        wgmma_wait<0>();
+        wgmma_fence_operand(acc[0]);
+        epilogue_sync<kEpilogueThreads, false>();  // all consumers done reading the ring
+        return true;
       }
-    };
-
-    // Prologue: STAGES-2 K blocks in flight (one more slot is read by the group in flight).
-#pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
-      if (s < KB) load_stage(s, s);
-      cp_async_commit();
     }
-    wgmma_fence_operand(acc[0]);
-    uint32_t a0[4][4], a1[4][4];
-    int kb = 0;
-    if (KB & 1) block(kb++, a1, std::true_type{});  // odd count: the lone block first, retired before the loop
-    for (; kb < KB; kb += 2) {
-      block(kb, a0, std::false_type{});
-      block(kb + 1, a1, std::false_type{});
-    }
-    wgmma_wait<0>();
-    wgmma_fence_operand(acc[0]);
-    cp_async_wait<0>();
     __syncthreads();  // every read of the pipeline's shared memory is done (the epilogue reuses it)
+    return true;
   }
 };
 

@@ -7,7 +7,8 @@
 //
 // SPLIT > 1: partial fp32 tiles meet in `workspace`; the last CTA of the tile to arrive (counted
 // in `counters`, reset to 0 by that CTA so CUDA-graph replays start clean) sums them in z order
-// (deterministic) and stores the bf16 rows. The caller has finished every read of `smem` by the
+// (deterministic) and stores the bf16 rows. Threads 0..THREADS-1 call it (ALL: every thread
+// of the CTA; else the others have exited). The caller has finished every read of `smem` by the
 // main loop (all MMAs retired, a CTA barrier) before calling.
 #pragma once
 
@@ -24,7 +25,18 @@ struct EpilogueConfig {
   static constexpr int kSmemBytes = BT * kCStride * 2;
 };
 
-template <int BT, int BN, int THREADS, int NTW, int SPLIT>
+// Barrier over the first THREADS threads: the whole CTA (ALL) or a named barrier of the warps
+// that run the epilogue (a producer warpgroup has left by then).
+template <int THREADS, bool ALL>
+__device__ __forceinline__ void epilogue_sync() {
+  if constexpr (ALL) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+  }
+}
+
+template <int BT, int BN, int THREADS, int MMA_WARPS, int NTW, int SPLIT, bool ALL = true>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[NTW][BT / 8][4], int n_block,
                                            const int64_t* __restrict__ out_row, uint8_t* smem) {
   using E = EpilogueConfig<BT, BN>;
@@ -35,8 +47,10 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
   const int N = static_cast<int>(p.n);
   __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(smem);
 
-  // One walk over the fragments; `put(tok, feature, value)` is where each value goes.
+  // One walk over the fragments; `put(tok, feature, value)` is where each value goes. Warps
+  // without accumulators (a producer warp) only help with the barriers and the row stores.
   auto walk = [&](auto&& put) {
+    if (warp >= MMA_WARPS) return;
 #pragma unroll
     for (int j = 0; j < NTW; ++j) {
       const int n0 = (warp * NTW + j) * 16 + g;
@@ -60,9 +74,9 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     float* part = p.workspace + (tile * SPLIT + split_z) * (BT * BN);
     walk([&](int tok, int n, float v) { __stcg(part + tok * BN + n, v); });
     __threadfence();
-    __syncthreads();
+    epilogue_sync<THREADS, ALL>();
     if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == SPLIT - 1;
-    __syncthreads();
+    epilogue_sync<THREADS, ALL>();
     if (!s_last) return;  // uniform: another CTA of this tile finishes it
     __threadfence();
     const float* base = p.workspace + tile * SPLIT * (BT * BN);
@@ -74,7 +88,7 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     }
     if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (and CUDA-graph replays)
   }
-  __syncthreads();
+  epilogue_sync<THREADS, ALL>();
   constexpr int kChunksPerRow = BN / 8;
 #pragma unroll
   for (int c = tid; c < BT * kChunksPerRow; c += THREADS) {

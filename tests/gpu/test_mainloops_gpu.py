@@ -43,16 +43,34 @@ def run_indexed(s, x, pw, r, top_k, rows):
     return out
 
 
-@pytest.mark.parametrize("tile", WG_TILES, ids=lambda t: f"m{t[0]}n{t[1]}")
+def valid_tiles(tiles, family):
+    """(block_m, block_n, producer) of `tiles` x both producers that are valid schedules (a
+    producer warpgroup has registers to hand over only up to BN=192)."""
+    out = []
+    for bm, bn in tiles:
+        for producer in (0, 1):
+            try:
+                wg(family, bm, bn, producer=producer)
+            except ValueError:
+                continue
+            out.append((bm, bn, producer))
+    return out
+
+
+def tile_id(t):
+    return f"m{t[0]}n{t[1]}" + ("-ws" if t[2] else "")
+
+
+@pytest.mark.parametrize("tile", valid_tiles(WG_TILES, "indexed"), ids=tile_id)
 @pytest.mark.parametrize("k", [64, 704, 2048])  # 1, 11 (odd) and 32 K blocks
 def test_wgmma_indexed_matches_reference(tile, k):
-    bm, bn = tile
+    bm, bn, producer = tile
+    s = wg("indexed", bm, bn, producer=producer)
     e, n, m, top_k = 12, 512, 157, 4
     qe, pw = experts(e, n, k)
     ids = routing.random_topk_ids(m, e, top_k, seed=bm + k, device="cuda")
     r = routing.align_block_size(ids, bm, e)
     x = torch.randn(m, k, device="cuda").bfloat16()
-    s = wg("indexed", bm, bn)
     out = run_indexed(s, x, pw, r, top_k, m * top_k)
     ref = reference.indexed_gemm_ref(x, qe, None, r, top_k)
     assert rel_err(out, ref) < BF16_TOL
@@ -62,10 +80,10 @@ def test_wgmma_indexed_matches_reference(tile, k):
     assert rel_err(out2, reference.indexed_gemm_ref(x2, qe, None, r, 1)) < BF16_TOL
 
 
-@pytest.mark.parametrize("tile", [(16, 128), (128, 128), (256, 128)], ids=lambda t: f"m{t[0]}n{t[1]}")
+@pytest.mark.parametrize("tile", valid_tiles([(16, 128), (128, 128), (256, 128)], "grouped_contiguous"), ids=tile_id)
 @pytest.mark.parametrize("alignment", [1, 128])
 def test_wgmma_contiguous_matches_reference(tile, alignment):
-    bm, bn = tile
+    bm, bn, producer = tile
     e, n, k, m, top_k = 24, 1024, 1024, 150, 8
     qe, pw = experts(e, n, k)
     ids = routing.random_topk_ids(m, e - 1, top_k, seed=alignment, device="cuda")
@@ -74,24 +92,25 @@ def test_wgmma_contiguous_matches_reference(tile, alignment):
     lay = routing.contiguous_layout(x, ids, e, alignment=alignment)
     xin = torch.cat([lay.x, torch.randn(7, k, device="cuda").bfloat16()])
     out = poisoned(xin.shape[0], n)
-    ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=wg("grouped_contiguous", bm, bn))
+    ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=wg("grouped_contiguous", bm, bn,
+                                                                           producer=producer))
     rows = int(lay.expert_offsets[-1])
     assert torch.isnan(out[rows:]).all(), "rows past expert_offsets[E] were written"
     ref = reference.contiguous_gemm_ref(xin, qe, None, lay.expert_offsets)
     assert rel_err(out[:rows], ref[:rows]) < BF16_TOL
 
 
-@pytest.mark.parametrize("tile", [(8, 128), (32, 256), (64, 128)], ids=lambda t: f"m{t[0]}n{t[1]}")
+@pytest.mark.parametrize("tile", valid_tiles([(8, 128), (32, 256), (64, 128)], "grouped_masked"), ids=tile_id)
 @pytest.mark.parametrize("max_rows", [1, 13, 64])
 def test_wgmma_masked_matches_reference(tile, max_rows):
-    bm, bn = tile
+    bm, bn, producer = tile
     e, n, k = 20, 1024, 768
     qe, pw = experts(e, n, k)
     counts = torch.randint(0, max_rows + 1, (e,), device="cuda", dtype=torch.int32)
     counts[0], counts[1] = 0, max_rows
     x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
     out = poisoned(e, max_rows, n)
-    ops.gemm_masked(x, pw, counts, out=out, schedule=wg("grouped_masked", bm, bn))
+    ops.gemm_masked(x, pw, counts, out=out, schedule=wg("grouped_masked", bm, bn, producer=producer))
     ref = reference.masked_gemm_ref(x, qe, None, counts)
     valid = ~torch.isnan(ref[..., 0])
     assert torch.isnan(out[~valid]).all(), "rows past an expert's count were written"
@@ -109,8 +128,11 @@ def test_wgmma_wait0_and_raster_are_bit_identical(tile):
     base = wg("indexed", bm, bn)
     first = run_indexed(base, x, pw, r, top_k, m * top_k)
     assert rel_err(first, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL
-    for s in (override(base, wgmma_wait=0), override(base, raster=4), override(base, raster=16),
-              override(base, stages=3)):
+    variants = [override(base, wgmma_wait=0), override(base, raster=4), override(base, raster=16),
+                override(base, stages=3)]
+    if bn == 128:  # a producer warpgroup has registers to give only up to BN=192
+        variants += [override(base, producer=1), override(base, producer=1, wgmma_wait=0, stages=5)]
+    for s in variants:
         assert same_bits(run_indexed(s, x, pw, r, top_k, m * top_k), first), s.id
 
 
@@ -125,13 +147,14 @@ def test_mma_raster_is_bit_identical():
     assert same_bits(run_indexed(override(base, raster=8), x, pw, r, top_k, m * top_k), first)
 
 
+@pytest.mark.parametrize("producer", [0, 1], ids=["multistage", "ws"])
 @pytest.mark.parametrize("split", [2, 4])
-def test_wgmma_split_k_deterministic(split):
+def test_wgmma_split_k_deterministic(split, producer):
     e, n, k, m, top_k = 32, 512, 7168, 9, 8
     qe, pw = experts(e, n, k)
     r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=split, device="cuda"), 16, e)
     x = torch.randn(m, k, device="cuda").bfloat16()
-    s = wg("indexed", 16, 128, split_k=split)
+    s = wg("indexed", 16, 128, split_k=split, producer=producer)
     first = run_indexed(s, x, pw, r, top_k, m * top_k)
     assert rel_err(first, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL
     assert same_bits(run_indexed(s, x, pw, r, top_k, m * top_k), first), "split-K is not deterministic"
@@ -152,7 +175,7 @@ def test_wgmma_overallocated_and_skip_blocks():
     r.sorted_ids[used:] = 0
     r.expert_ids[(used + bm - 1) // bm:] = 0
     x = torch.randn(m, k, device="cuda").bfloat16()
-    out = run_indexed(wg("indexed", bm, 128, raster=8), x, pw, r, top_k, m * top_k)
+    out = run_indexed(wg("indexed", bm, 128, raster=8, producer=1), x, pw, r, top_k, m * top_k)
     ref = reference.indexed_gemm_ref(x, qe, None, r, top_k)
     written = ~torch.isnan(ref[:, 0])
     assert torch.equal(~torch.isnan(out[:, 0]), written), "kernel wrote rows it must skip, or missed rows"
@@ -169,17 +192,18 @@ def test_wgmma_kimi_ep8_prefill_shapes():
         x = torch.randn(m, k, device="cuda").bfloat16()
         lay = routing.contiguous_layout(x, ids, e)
         out = poisoned(lay.x.shape[0], n)
-        ops.gemm_contiguous(lay.x, pw, lay.expert_offsets, out=out, schedule=wg("grouped_contiguous", 256, 128,
-                                                                                raster=8))
+        s = wg("grouped_contiguous", 256, 128, producer=1, raster=8)
+        ops.gemm_contiguous(lay.x, pw, lay.expert_offsets, out=out, schedule=s)
         # the reference on a sample of experts (the full float32 product is large)
         ref = reference.contiguous_gemm_ref(lay.x, qe, None, lay.expert_offsets)
         assert rel_err(out, ref) < BF16_TOL
 
 
-def test_wgmma_cuda_graph_replay_with_new_routing():
+@pytest.mark.parametrize("producer", [0, 1], ids=["multistage", "ws"])
+def test_wgmma_cuda_graph_replay_with_new_routing(producer):
     e, n, k, m, top_k, bm = 16, 512, 1024, 40, 4, 64
     qe, pw = experts(e, n, k)
-    s = wg("indexed", bm, 128)
+    s = wg("indexed", bm, 128, producer=producer)
     cap = routing.sorted_ids_capacity(m * top_k, bm, e)
     r0 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=1, device="cuda"), bm, e,
                                   max_num_tokens_padded=cap)

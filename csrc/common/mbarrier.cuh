@@ -1,0 +1,41 @@
+// mbarrier wrappers (sm_90): shared-memory barriers with a phase bit, used to hand pipeline
+// stages between a producer warp and the consumer warpgroups without CTA-wide barriers.
+#pragma once
+
+#include <cstdint>
+
+namespace chord {
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+
+// Makes initialized barriers visible to the other threads (and the async proxy) of the CTA;
+// a CTA barrier must follow before any thread uses them.
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrive (release semantics at CTA scope): this thread's earlier writes are visible to threads
+// that observe the phase completion.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+
+// Waits (acquire semantics) until the phase with parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "LAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra LAB_WAIT;\n"
+      "}\n" ::"r"(a),
+      "r"(parity)
+      : "memory");
+}
+
+}  // namespace chord
