@@ -35,7 +35,7 @@ def _add_bench(sub) -> None:
                         "scenarios")
     p.add_argument("--seed", type=int, default=0, help="base seed of routing and data (0 = the suite's rule)")
     p.add_argument("--check-rows", type=int, default=512, help="routed rows checked against chord.reference")
-    p.add_argument("--profile", default="h200", help="Chord profile file (profiles/<name>.json)")
+    p.add_argument("--profile", default=None, help="Chord profile file (profiles/<name>.json; default $CHORD_PROFILE or h200)")
     p.add_argument("--codes", choices=("full", "sym7"), default="full",
                    help="INT4 code range of the random weights: full [-8,7] or sym7 [-7,7]")
     p.add_argument("--humming-tuning-rows", choices=("all", "matching"), default="all",
@@ -107,8 +107,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
         from chord._resources import profiles_dir
         from chord.schedule import load_profile_file
 
-        pf = load_profile_file("h200")
-        line("profiles", f"{profiles_dir()} (h200: {', '.join(sorted(pf.deployments))})")
+        from chord.schedule import gpu_profile_name
+
+        name = gpu_profile_name()
+        pf = load_profile_file(name)
+        line("profiles", f"{profiles_dir()} (in use: {name} = {pf.path}: {', '.join(sorted(pf.deployments))})")
     except Exception as exc:
         line("profiles", f"unavailable: {exc}")
     from chord.bench.suite import BASELINES_DIR, SUITES_DIR
@@ -159,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     pi = sub.add_parser("info", help="versions, GPU, compiler, kernel cache, profiles")
     pi.set_defaults(func=_cmd_info)
     pp = sub.add_parser("precompile", help="build every kernel a profile can select (into the kernel cache)")
-    pp.add_argument("--profile", default="h200", help="profile file name (profiles/<name>.json)")
+    pp.add_argument("--profile", default=None, help="profile file name (profiles/<name>.json; default $CHORD_PROFILE or h200)")
     pp.add_argument("--quiet", action="store_true", help="no progress bar")
     pp.add_argument("--tune", action="store_true", help="also build every candidate `chord tune` would time")
     pp.add_argument("--suite", default=None, help="with --tune: suite JSON (default: kimi_k2_h200.json)")
@@ -170,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
     pt.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
     pt.add_argument("--families", default=None, help="comma-separated families (default: the suite's)")
-    pt.add_argument("--profile", default="h200", help="profile file to start from (profiles/<name>.json)")
+    pt.add_argument("--profile", default=None,
+                    help="profile file to start from (profiles/<name>.json; default $CHORD_PROFILE or h200)")
     pt.add_argument("--rep-ms", type=float, default=25.0, help="do_bench rep per candidate (ms)")
     pt.add_argument("--out", default="tune-out", help="output dir for <profile>.json and tuning.json")
     pt.set_defaults(func=_cmd_tune)
@@ -179,7 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    if getattr(args, "profile", "") is None:
+        from chord.schedule import gpu_profile_name
+
+        args.profile = gpu_profile_name()
+    from chord.jit import JitError
+
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, JitError) as exc:  # bad profile, cache folder, nvcc, arguments: a message, no traceback
+        print(f"chord {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

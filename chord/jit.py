@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from chord._env import flag
 from chord._resources import csrc_dir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -160,7 +161,11 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         log = log_path.read_text() if log_path.exists() else ""
         regs, spills = _parse_ptxas(log)
         return BuildResult(cubin, True, regs, spills, log)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JitError(f"kernel cache {out_dir} cannot be created ({exc.strerror}); set CHORD_CACHE_DIR to a "
+                       "writable folder") from None
     with tempfile.TemporaryDirectory(prefix="chord-jit-") as tmp:
         src = Path(tmp, f"{safe}.cu")
         src.write_text(source)
@@ -171,7 +176,7 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         if proc.returncode != 0:
             raise JitError(f"nvcc failed for {name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
         regs, spills = _parse_ptxas(log)
-        if os.environ.get("CHORD_PTXAS_CHECK", "0") not in ("", "0"):
+        if flag("CHORD_PTXAS_CHECK"):
             if spills:
                 raise JitError(f"{name}: ptxas reports {spills} bytes of register spills (CHORD_PTXAS_CHECK=1)\n{log}")
             if _WGMMA_SERIALIZED in log:
@@ -181,7 +186,7 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         shutil.copyfile(tmp_cubin, staged)
         log_path.write_text(log)
         os.replace(staged, cubin)
-    if os.environ.get("CHORD_DUMP_SASS", "0") not in ("", "0"):
+    if flag("CHORD_DUMP_SASS"):
         dump_sass(cubin)
     return BuildResult(cubin, False, regs, spills, log)
 

@@ -17,12 +17,12 @@ are CUDA-graph capturable. The wrappers (:func:`gemm_indexed`, :func:`gemm_conti
 from __future__ import annotations
 
 import functools
-import os
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from chord import jit
+from chord._env import flag
 from chord.profiling import nvtx_range
 from chord.schedule import Problem, Schedule, load_profile, override, profile_for, select
 
@@ -90,7 +90,7 @@ def _check_schedule(schedule: str, family: str, n: int) -> Schedule:
 # counts clamped to max_rows; contiguous offsets clamped to non-negative lengths), which leaves
 # those rows unwritten. CHORD_CHECK_ROUTING=1 (or check_routing(True)) reads them on the host
 # before every launch and raises instead: for debugging, not for CUDA-graph capture.
-_check_routing = os.environ.get("CHORD_CHECK_ROUTING", "0") not in ("", "0")
+_check_routing = flag("CHORD_CHECK_ROUTING")
 
 
 def check_routing(on: bool = True) -> None:

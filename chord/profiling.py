@@ -7,10 +7,11 @@ path pays one boolean test per call otherwise.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Iterator
 
-_enabled = os.environ.get("CHORD_NVTX", "0") not in ("", "0")
+from chord._env import flag
+
+_enabled = flag("CHORD_NVTX")
 _backend = None  # resolved lazily: ("nvtx", domain) | ("torch", None) | ("none", None)
 
 

@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+from chord._env import flag
 from chord._resources import profiles_dir
 
 FAMILIES = ("indexed", "grouped_contiguous", "grouped_masked")
@@ -304,38 +305,75 @@ class Decision:
 
 
 def _profile_path(name_or_path: str) -> Path:
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise ValueError(f"profile must be a profile name like 'h200' or a path to a .json file, got {name_or_path!r}")
     p = Path(name_or_path)
-    if p.suffix == ".json" and p.exists():
+    if p.suffix == ".json":
+        if not p.is_file():
+            raise ValueError(f"profile file {p} does not exist")
         return p
     user = os.environ.get("CHORD_PROFILE_DIR")
-    for root in ([Path(user)] if user else []) + [profiles_dir()]:
+    if user and not Path(user).is_dir():
+        raise ValueError(f"CHORD_PROFILE_DIR={user!r} is not a directory")
+    roots = ([Path(user)] if user else []) + [profiles_dir()]
+    for root in roots:
         cand = root / f"{name_or_path}.json"
         if cand.exists():
             return cand
-    raise ValueError(f"profile {name_or_path!r} not found (looked in CHORD_PROFILE_DIR and {profiles_dir()})")
+    raise ValueError(f"profile {name_or_path!r} not found (looked for {name_or_path}.json in "
+                     f"{', '.join(str(r) for r in roots)})")
+
+
+def _parse_rule(path: Path, where: str, r) -> Rule:
+    if not isinstance(r, dict):
+        raise ValueError(f"{path}: {where}: a rule must be a JSON object, got {type(r).__name__}")
+    if "max_rows_per_expert" not in r or "block_m" not in r:
+        raise ValueError(f"{path}: {where}: a rule needs 'max_rows_per_expert' (a number or null) and 'block_m'")
+    unknown = sorted(set(r) - set(KNOB) - {"max_rows_per_expert", "why", "k_min", "k_max"})
+    if unknown:
+        raise ValueError(f"{path}: {where}: unknown rule fields {unknown} (knobs are {sorted(KNOB)})")
+    try:
+        bound = float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"])
+        k_min = int(r.get("k_min", 0))
+        k_max = float("inf") if r.get("k_max") is None else float(r["k_max"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {where}: bad bound in rule {r}: {exc}") from None
+    return Rule(bound, {k: v for k, v in r.items() if k in KNOB}, str(r.get("why", "")), k_min, k_max)
 
 
 @lru_cache(maxsize=16)
 def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
+    """A profile file (`profiles/<name>.json`, `$CHORD_PROFILE_DIR/<name>.json` or a path), checked:
+    any problem raises a ValueError naming the file and the rule."""
     path = _profile_path(name_or_path)
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpu"), str) or \
+            not isinstance(data.get("deployments"), dict) or not data["deployments"]:
+        raise ValueError(f"{path}: a profile needs 'gpu' (a string) and 'deployments' (a non-empty object)")
     deployments = {}
     for dep, body in data["deployments"].items():
+        if not isinstance(body, dict) or not isinstance(body.get("families"), dict) or not body["families"]:
+            raise ValueError(f"{path}: deployment {dep!r} needs 'families' (a non-empty object)")
         rules = {}
         for family, items in body["families"].items():
-            _check_family(family)
-            parsed = tuple(
-                Rule(float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"]),
-                     {k: v for k, v in r.items() if k in KNOB},
-                     r.get("why", ""), int(r.get("k_min", 0)),
-                     float("inf") if r.get("k_max") is None else float(r["k_max"]))
-                for r in items
-            )
+            if family not in FAMILIES:
+                raise ValueError(f"{path}: {dep}: family must be one of {FAMILIES}, got {family!r}")
+            if not isinstance(items, list) or not items:
+                raise ValueError(f"{path}: {dep}/{family}: rules must be a non-empty list")
+            parsed = tuple(_parse_rule(path, f"{dep}/{family} rule {i}", r) for i, r in enumerate(items))
             bounds = [r.max_rows_per_expert for r in parsed]
             last = parsed[-1]
             if bounds != sorted(bounds) or last.max_rows_per_expert != float("inf") or last.k_min or last.k_max != float("inf"):
                 raise ValueError(f"{path}: rules of {dep}/{family} must be sorted by max_rows_per_expert and end with "
                                  "an unconditional rule (max_rows_per_expert=null, no k_min/k_max)")
+            for i, r in enumerate(parsed):
+                try:
+                    _fit_schedule(family, r.schedule, 4096)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{path}: {dep}/{family} rule {i}: {exc}") from None
             rules[family] = parsed
         deployments[dep] = Profile(data["gpu"], dep, rules, str(path))
     return ProfileFile(data["gpu"], deployments, str(path))
@@ -421,7 +459,7 @@ def _explain(profile: Profile, problem: Problem) -> Decision:
     reason = (f"{rpe:.2f} rows/expert <= {bound} -> {sched.id}"
               + (f" ({chosen.why})" if chosen.why else ""))
     dec = Decision(problem, sched, profile.name, cands, reason)
-    if os.environ.get("CHORD_PRINT_SCHEDULES", "0") not in ("", "0"):
+    if flag("CHORD_PRINT_SCHEDULES"):
         print(f"[chord] {profile.name} {problem}: {reason}")
     return dec
 

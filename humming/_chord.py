@@ -15,8 +15,9 @@ exists: on a GPU machine the kernels always run.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import TYPE_CHECKING, Iterator
+
+from chord._env import flag
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -155,7 +156,7 @@ def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], para
 # the raw GEMM ops
 
 
-_reference_enabled = os.environ.get("CHORD_HUMMING_CPU_REFERENCE", "0") not in ("", "0")
+_reference_enabled = flag("CHORD_HUMMING_CPU_REFERENCE")
 
 
 def _cuda_available() -> bool:

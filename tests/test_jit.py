@@ -87,3 +87,11 @@ def test_precompile_default_profile(tmp_path, monkeypatch):
     # a second call finds everything in the cache
     again = jit.precompile(schedules, progress=False)
     assert all(r.cached for r in again)
+
+
+@needs_nvcc
+def test_bad_ptxas_check_value_is_an_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CHORD_PTXAS_CHECK", "maybe")
+    with pytest.raises(ValueError, match="CHORD_PTXAS_CHECK"):
+        jit.build_schedule(Schedule("indexed", 8, 64, 4, 4, 1))

@@ -201,3 +201,45 @@ def test_profile_rules_carry_every_knob(tmp_path, monkeypatch):
     assert big.id == "idx-m128n256k64-w16-s5-c1-wgmma-r8"
     narrow = select(prof, Problem("indexed", 48, 192, 7168, 48 * 256, 8))  # block_n fitted to N=192
     assert (narrow.block_n, narrow.warps, narrow.mainloop) == (64, 4, "wgmma")
+
+
+# ---- profile files: every problem is named with the file -------------------------------------
+
+
+@pytest.mark.parametrize("text, word", [
+    ("{not json", "not valid JSON"),
+    ('{"gpu": "t"}', "deployments"),
+    ('{"gpu": "t", "deployments": {"d": {}}}', "families"),
+    ('{"gpu": "t", "deployments": {"d": {"families": {"dense": [{"max_rows_per_expert": null, "block_m": 8}]}}}}',
+     "family must be one of"),
+    ('{"gpu": "t", "deployments": {"d": {"families": {"indexed": [{"block_m": 8}]}}}}', "max_rows_per_expert"),
+    ('{"gpu": "t", "deployments": {"d": {"families": {"indexed": [{"max_rows_per_expert": null, "block_m": 8, '
+     '"blocks": 3}]}}}}', "unknown rule fields"),
+    ('{"gpu": "t", "deployments": {"d": {"families": {"indexed": [{"max_rows_per_expert": null, "block_m": 12}]}}}}',
+     "rule 0: block_m"),
+    ('{"gpu": "t", "deployments": {"d": {"families": {"indexed": [{"max_rows_per_expert": 4, "block_m": 8}]}}}}',
+     "unconditional"),
+])
+def test_bad_profile_files_name_the_file(tmp_path, text, word):
+    from chord.schedule import load_profile_file
+
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_profile_file(str(path))
+    assert word in str(err.value) and str(path) in str(err.value)
+
+
+def test_profile_dir_and_missing_profiles(tmp_path, monkeypatch):
+    from chord.schedule import load_profile_file
+
+    load_profile_file.cache_clear()
+    monkeypatch.setenv("CHORD_PROFILE_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="CHORD_PROFILE_DIR"):
+        load_profile_file("h200")
+    monkeypatch.delenv("CHORD_PROFILE_DIR")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_profile_file(str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="not found"):
+        load_profile_file("no-such-gpu")
+    load_profile_file.cache_clear()

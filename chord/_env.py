@@ -1,0 +1,32 @@
+"""Chord's environment switches, parsed one way everywhere.
+
+A boolean switch (``CHORD_PTXAS_CHECK``, ``CHORD_DUMP_SASS``, ``CHORD_PRINT_SCHEDULES``,
+``CHORD_NVTX``, ``CHORD_CHECK_ROUTING``, ``CHORD_HUMMING_CPU_REFERENCE``) is on for ``1``,
+``true``, ``yes`` or ``on`` and off when unset, empty, ``0``, ``false``, ``no`` or ``off`` (any
+case, surrounding spaces ignored); any other value raises a ``ValueError`` naming the variable,
+so a typo never silently switches a feature on or off.
+"""
+from __future__ import annotations
+
+import os
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+
+def parse_flag(name: str, value: str | None) -> bool:
+    """The boolean meaning of `value` for the environment variable `name`."""
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in _ON:
+        return True
+    if v in _OFF:
+        return False
+    raise ValueError(f"environment variable {name}={value!r}: expected one of "
+                     f"{', '.join(_ON)} (on) or {', '.join(repr(x) for x in _OFF)} (off)")
+
+
+def flag(name: str) -> bool:
+    """Whether the boolean switch `name` is on in the current environment."""
+    return parse_flag(name, os.environ.get(name))
