@@ -57,6 +57,7 @@ class Knob:
     doc: str
     always: bool = False
     off: object = None
+    requires: tuple = ()  # (knob, value) pairs under which this knob applies at all
 
 
 MAINLOOPS = ("mma", "wgmma")
@@ -68,16 +69,17 @@ KNOBS: tuple[Knob, ...] = (
     Knob("warps", "w", 4, (1, 2, 4, 8, 16), "WARPS", "warps per CTA (wgmma: one per 16 output features)", always=True),
     Knob("stages", "s", 4, tuple(range(2, 13)), "STAGES", "K blocks of 64 in the cp.async ring", always=True),
     Knob("ctas_per_sm", "c", 1, (1, 2, 3, 4), "__launch_bounds__ min blocks",
-         "CTAs per SM the register budget is sized for", always=True),
+         "CTAs per SM the register budget is sized for", always=True, off=1),
     Knob("split_k", "sk", 1, (1, 2, 3, 4, 6, 8, 12, 16), "SPLIT",
          "CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)", off=1),
     Knob("mainloop", "", "mma", MAINLOOPS, "Mainloop",
          "mma: cp.async + mma.sync.m16n8k16; wgmma: cp.async + wgmma.m64nBTk16, weights in registers", off="mma"),
     Knob("wgmma_wait", "wait", 1, (0, 1), "WAIT",
-         "wgmma groups left in flight while the next K block is dequantized (batched wait_group 1)", off=0),
+         "wgmma groups left in flight while the next K block is dequantized (batched wait_group 1)", off=0,
+         requires=(("mainloop", "wgmma"),)),
     Knob("producer", "ws", 0, (0, 1), "PRODUCER",
          "wgmma: 1 = one producer warp feeds the ring through mbarriers (warp-specialized), 0 = every thread "
-         "copies and a CTA barrier per K block publishes it", off=0),
+         "copies and a CTA barrier per K block publishes it", off=0, requires=(("mainloop", "wgmma"),)),
     Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "RASTER",
          "token tiles per raster group walked over all N blocks (0: launch order)", off=0),
 )
@@ -402,15 +404,46 @@ def gpu_profile_name() -> str:
     return os.environ.get("CHORD_PROFILE", "h200")
 
 
-def profile_for(family: str, num_experts: int, n: int, k: int) -> Profile:
-    """The deployment profile a weight shape belongs to, in the GPU profile `gpu_profile_name()`.
+#: EP8 rows per expert up to which the decode deployment's rules apply, above which the prefill
+#: deployment's: the geometric midpoint of the suite's largest decode point (32) and smallest
+#: prefill point (64), where `chord tune` puts its own rule bounds.
+EP8_DECODE_MAX_ROWS_PER_EXPERT = 45.255
 
-    The deployment is fixed at load time from the shape (384 experts: TP8; else EP8); the masked
-    family is the EP decode path, so it reads the decode deployment.
+
+def profile_for(family: str, num_experts: int, n: int, k: int) -> Profile:
+    """The profile a weight shape's calls are decided by, in the GPU profile `gpu_profile_name()`.
+
+    The deployment is fixed at load time from the shape: 384 experts is TP8; otherwise EP8, whose
+    calls see decode and prefill batch sizes alike, so EP8 uses one merged rule list per family:
+    the `ep8-decode` rules up to EP8_DECODE_MAX_ROWS_PER_EXPERT rows per expert and the
+    `ep8-prefill` rules above (a family only one of them has keeps that one's rules). The
+    schedule of a shape is then the same whoever calls: `chord.ops`, the `humming` root or
+    `chord bench` (which picks the deployment by its scenario: the rules agree on its shapes).
     """
     _check_family(family)
-    dep = default_deployment(num_experts, n, k, decode=family == "grouped_masked")
-    return load_profile(f"{gpu_profile_name()}:{dep}")
+    name = gpu_profile_name()
+    if num_experts >= 256:
+        return load_profile(f"{name}:tp8")
+    return _ep8_profile(name)
+
+
+@lru_cache(maxsize=8)
+def _ep8_profile(name: str) -> Profile:
+    pf = load_profile_file(name)
+    dec, pre = pf.profile("ep8-decode"), pf.profile("ep8-prefill")
+    t = EP8_DECODE_MAX_ROWS_PER_EXPERT
+    rules = {}
+    for family in FAMILIES:
+        d, p = dec.rules.get(family), pre.rules.get(family)
+        if not d or not p:
+            if d or p:
+                rules[family] = d or p
+            continue
+        low = [r for r in d if r.max_rows_per_expert < t]
+        # the decode rules that reach past t end at t (one per K range), then the prefill rules
+        low += [Rule(t, r.schedule, r.why, r.k_min, r.k_max) for r in d if r.max_rows_per_expert >= t]
+        rules[family] = tuple(low) + tuple(r for r in p if r.max_rows_per_expert > t)
+    return Profile(pf.gpu, "ep8", rules, pf.path)
 
 
 def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:

@@ -1,0 +1,120 @@
+"""Every optimization of DESIGN.md as data: what it does and how to switch it off.
+
+An entry is either a **knob** of :data:`chord.schedule.KNOBS` (switching it off is the same
+schedule with that knob at its ``off`` value: one kernel template, never a second kernel) or a
+**policy** rule of schedule selection (switching it off changes which schedule a shape gets).
+Entries whose code does not exist yet say so (``status``) and name the issue that builds them;
+they cannot be switched off, so notebooks show them as planned rather than measure them.
+
+Notebooks and tests walk :data:`OPTIMIZATIONS`; docs/optimizations.md holds each measured
+ablation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chord.schedule import KNOB, Schedule, override
+
+IMPLEMENTED = "implemented"
+PLANNED = "planned"
+
+
+@dataclass(frozen=True)
+class Optimization:
+    name: str
+    what: str
+    kind: str  # "knob" | "policy"
+    knob: str | None  # the Schedule knob (kind == "knob")
+    status: str  # IMPLEMENTED | PLANNED
+    notebook: str  # the notebook that shows it
+    issue: int | None = None  # where a planned one is being built
+
+    @property
+    def off_value(self):
+        """The knob value that switches this optimization off (knobs only)."""
+        if self.kind != "knob" or self.knob is None:
+            raise ValueError(f"optimization {self.name!r} is a {self.kind}, not a schedule knob")
+        return KNOB[self.knob].off
+
+    def is_on(self, schedule: Schedule) -> bool:
+        """Whether `schedule` uses this optimization (knobs only; a knob that does not apply to the
+        schedule's main loop is off)."""
+        off = self.off_value
+        if any(getattr(schedule, k) != v for k, v in KNOB[self.knob].requires):
+            return False
+        return getattr(schedule, self.knob) != off
+
+    def switch_off(self, schedule: Schedule) -> Schedule:
+        """The same schedule with this optimization off (knobs only; an implemented one)."""
+        if self.status != IMPLEMENTED:
+            raise ValueError(f"optimization {self.name!r} is {self.status} (issue {self.issue}): nothing to switch off")
+        off = self.off_value
+        if getattr(schedule, self.knob) == off:
+            return schedule
+        if self.knob == "mainloop":
+            # mma.sync: 4 warps (block_n is a multiple of 64 for wgmma), the wgmma-only knobs at
+            # their defaults, and block_m at most 128 (the mma tile's limit: a 256-row wgmma
+            # tile becomes a 128-row mma tile, so an indexed call needs routing for that size)
+            return override(schedule, mainloop=off, warps=4, wgmma_wait=KNOB["wgmma_wait"].default,
+                            producer=KNOB["producer"].default, block_m=min(schedule.block_m, 128))
+        return override(schedule, **{self.knob: off})
+
+
+OPTIMIZATIONS: tuple[Optimization, ...] = (
+    Optimization("wgmma main loop",
+                 "dequantized int4 weights in registers are the A operand of wgmma.m64n{BT}k16, tokens the B "
+                 "operand from the swizzled cp.async ring; off: mma.sync.m16n8k16 (same weight layout)",
+                 "knob", "mainloop", IMPLEMENTED, "02_wgmma_pipelining"),
+    Optimization("batched wgmma.wait_group 1",
+                 "one wgmma group stays in flight while the next K block is dequantized into the other register "
+                 "set; off: wait_group 0 after every group (bit-identical)",
+                 "knob", "wgmma_wait", IMPLEMENTED, "02_wgmma_pipelining"),
+    Optimization("warp-specialized producer",
+                 "a producer warpgroup feeds the ring through mbarriers and gives its registers to the consumers "
+                 "(setmaxnreg); off: every thread copies, one CTA barrier per K block. Measured slower on H200 "
+                 "(docs/optimizations.md), so no profile rule uses it",
+                 "knob", "producer", IMPLEMENTED, "02_wgmma_pipelining"),
+    Optimization("tile raster",
+                 "groups of token tiles walk every N block before the next group, so an expert's weights are read "
+                 "from HBM once per group; off: launch order",
+                 "knob", "raster", IMPLEMENTED, "04_wave_aware_bn"),
+    Optimization("split-K",
+                 "CTAs share an output tile along K with a deterministic fp32 fix-up (TP8 one token); off: one CTA "
+                 "per tile",
+                 "knob", "split_k", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("bounded 2-CTA/SM window",
+                 "register budget for two resident CTAs per SM on mid-size tiles, to hide cp.async latency; off: "
+                 "one CTA per SM",
+                 "knob", "ctas_per_sm", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("tok_e block-M rule",
+                 "the profile's rules pick block_m (and the main loop) from rows per expert, tuned per suite point "
+                 "by `chord tune`",
+                 "policy", None, IMPLEMENTED, "01_tokens_per_expert"),
+    Optimization("decode operand swap",
+                 "dequantized weights are the MMA M operand and tokens the N side; the unswapped side (tokens on "
+                 "M in 16-row tiles) does not exist yet, so it cannot be switched off",
+                 "knob", None, PLANNED, "03_decode_operand_swap", issue=9),
+    Optimization("wave-aware BN", "BN=256 only when there are enough N blocks for whole waves, else 128",
+                 "policy", None, PLANNED, "04_wave_aware_bn", issue=8),
+    Optimization("shape-aware stream-K gate", "no stream-K when the M x N tile grid already fills the GPU",
+                 "policy", None, PLANNED, "06_split_and_stream_k", issue=6),
+    Optimization("semi-static token slicing", "a static split of each expert's rows over CTAs instead of a queue",
+                 "knob", None, PLANNED, "03_decode_operand_swap", issue=6),
+    Optimization("latency-tuned buffered-K", "about 512 K elements in flight for masked decode, up to 768",
+                 "knob", None, PLANNED, "05_grouped_contiguous_masked", issue=8),
+)
+
+BY_NAME = {o.name: o for o in OPTIMIZATIONS}
+
+
+def implemented_knobs() -> tuple[Optimization, ...]:
+    return tuple(o for o in OPTIMIZATIONS if o.kind == "knob" and o.status == IMPLEMENTED)
+
+
+def ablations(schedule: Schedule) -> dict[str, Schedule]:
+    """For each implemented knob `schedule` uses: the same schedule with only that one switched off."""
+    out = {}
+    for o in implemented_knobs():
+        if o.is_on(schedule):
+            out[o.name] = o.switch_off(schedule)
+    return out

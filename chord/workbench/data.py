@@ -1,0 +1,42 @@
+"""Where a notebook's numbers come from: a live GPU, or the committed H200 results."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+
+def gpu_available() -> bool:
+    """True when Chord's kernels can run here (a CUDA device of compute capability 9.0)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0))
+
+
+def recorded_results(name: str | None = None) -> dict:
+    """A committed `chord bench` result (``{"meta", "rows"}``): the newest H200 suite run by
+    default, or ``chord/bench/results/<name>.json``."""
+    if name is None:
+        runs = sorted(p for p in RESULTS_DIR.glob("*-h200-*.json") if "tuning" not in p.name)
+        if not runs:
+            raise FileNotFoundError(f"no committed H200 bench results in {RESULTS_DIR}")
+        path = runs[-1]
+    else:
+        path = RESULTS_DIR / (name if name.endswith(".json") else f"{name}.json")
+        if not path.is_file():
+            raise FileNotFoundError(f"no committed results {path.name} in {RESULTS_DIR}")
+    data = json.loads(path.read_text())
+    data.setdefault("meta", {})["file"] = path.name
+    return data
+
+
+def where_results_come_from(result: dict) -> str:
+    """One line for the notebook to print above a table or figure."""
+    meta = result.get("meta", {})
+    if meta.get("file"):
+        return (f"recorded: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')} "
+                f"(chord/bench/results/{meta['file']}); no sm_90 GPU here, so nothing was measured live")
+    return f"live: {meta.get('gpu', '?')}, {meta.get('timestamp', '?')}"

@@ -1,0 +1,64 @@
+"""Schedule decisions as rows, for sliders and sweeps. Pure functions of host integers.
+
+Every number here comes from ``chord.schedule`` (the same `select` serving uses) and the Kimi
+K2 shapes of the suite; nothing is measured.
+"""
+from __future__ import annotations
+
+import math
+
+from chord.schedule import Problem, explain, profile_for
+
+SMS_H200 = 132
+
+KIMI = {
+    # deployment: (experts, hidden K, gate_up N, down K), per GPU
+    "ep8": (48, 7168, 4096, 2048),
+    "tp8": (384, 7168, 512, 256),
+}
+
+
+def gemm_shape(deployment: str, gemm: str) -> tuple[int, int, int]:
+    """(experts, N, K) of a Kimi K2 GEMM on one GPU."""
+    if deployment not in KIMI:
+        raise ValueError(f"deployment must be one of {sorted(KIMI)}, got {deployment!r}")
+    e, hidden, n13, k2 = KIMI[deployment]
+    if gemm == "gate_up":
+        return e, n13, hidden
+    if gemm == "down":
+        return e, hidden, k2
+    raise ValueError(f"gemm must be 'gate_up' or 'down', got {gemm!r}")
+
+
+def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int = SMS_H200) -> dict:
+    """The schedule Chord picks for `tok_e` rows per expert, and what that tile means on the GPU.
+
+    ``tiles`` counts the CTAs that do work (token tiles of every expert x N blocks, x split_k);
+    ``padding`` is the fraction of computed token rows that are padding (rows up to the tile
+    size); ``waves`` and ``wave_efficiency`` = tiles / (waves x SMs x CTAs per SM).
+    """
+    e, n, k = gemm_shape(deployment, gemm)
+    rows = int(round(tok_e * e))
+    top_k = 8 if (family == "indexed" and gemm == "gate_up") else 1
+    prob = Problem(family, e, n, k, rows, top_k)
+    dec = explain(profile_for(family, e, n, k), prob)
+    s = dec.schedule
+    per_expert = rows / e
+    m_tiles = e * max(1, math.ceil(per_expert / s.block_m)) if rows else 0
+    tiles = m_tiles * (n // s.block_n) * s.split_k
+    slots = sms * s.ctas_per_sm
+    waves = max(1, math.ceil(tiles / slots)) if tiles else 0
+    computed = m_tiles * s.block_m
+    return {
+        "deployment": deployment, "family": family, "gemm": gemm, "tok_e": tok_e, "rows": rows,
+        "n": n, "k": k, "schedule": s.id, "block_m": s.block_m, "block_n": s.block_n, "mainloop": s.mainloop,
+        "split_k": s.split_k, "ctas_per_sm": s.ctas_per_sm, "tiles": tiles, "waves": waves,
+        "wave_efficiency": tiles / (waves * slots) if waves else 0.0,
+        "padding": 1.0 - rows / computed if computed else 0.0,
+        "profile": dec.profile, "reason": dec.reason, "candidates": [c.id for c in dec.candidates],
+    }
+
+
+def sweep_tok_e(deployment: str, family: str, gemm: str, tok_e_values, sms: int = SMS_H200) -> list[dict]:
+    """`decision_row` for each tokens-per-expert value."""
+    return [decision_row(deployment, family, gemm, t, sms) for t in tok_e_values]

@@ -1,0 +1,72 @@
+"""Pure functions from rows (chord.workbench.explore) or a bench result to plotly figures.
+
+plotly is imported inside each function (an optional dependency: `pip install chord-moe[workbench]`).
+"""
+from __future__ import annotations
+
+import html
+
+
+def decision_html(row: dict) -> str:
+    """The decision of one shape, as the notebook shows it under the slider."""
+    cands = ", ".join(html.escape(c) for c in row["candidates"])
+    return (f"<b>{html.escape(row['deployment'])} {html.escape(row['family'])} {html.escape(row['gemm'])}</b> at "
+            f"{row['tok_e']:g} rows/expert ({row['rows']} routed rows): <code>{html.escape(row['schedule'])}</code>"
+            f" — {html.escape(row['reason'])}<br>tiles {row['tiles']} on {row['waves']} wave(s), wave efficiency "
+            f"{100 * row['wave_efficiency']:.0f} %, padding {100 * row['padding']:.0f} %<br>"
+            f"<small>profile {html.escape(row['profile'])}; candidates: {cands}</small>")
+
+
+def sweep_figure(rows: list[dict], marker: dict | None = None, widget: bool = False):
+    """block_m, padding and wave efficiency over tokens per expert; `marker` (a decision row) is
+    drawn as the "selected" point, the slider's position."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    x = [r["tok_e"] for r in rows]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(x=x, y=[r["block_m"] for r in rows], name="block_m", mode="lines+markers",
+                             line_shape="hv", text=[r["schedule"] for r in rows],
+                             hovertemplate="tok_e %{x}<br>block_m %{y}<br>%{text}<extra></extra>"),
+                  secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=[100 * r["padding"] for r in rows], name="padding %", mode="lines"),
+                  secondary_y=True)
+    fig.add_trace(go.Scatter(x=x, y=[100 * r["wave_efficiency"] for r in rows], name="wave efficiency %",
+                             mode="lines"), secondary_y=True)
+    wg = [r["tok_e"] for r in rows if r["mainloop"] == "wgmma"]
+    if wg:
+        fig.add_vrect(x0=min(wg), x1=max(wg), fillcolor="green", opacity=0.07, line_width=0,
+                      annotation_text="wgmma main loop", annotation_position="top left")
+    fig.update_xaxes(type="log", title="rows per expert (tok_e)")
+    fig.update_yaxes(title="block_m", type="log", secondary_y=False)
+    fig.update_yaxes(title="%", range=[0, 105], secondary_y=True)
+    fig.update_layout(title=f"{rows[0]['deployment']} {rows[0]['family']} {rows[0]['gemm']}: schedule over tok_e"
+                      if rows else "schedule over tok_e", legend_orientation="h")
+    fig.add_trace(go.Scatter(x=[marker["tok_e"]] if marker else [], y=[marker["block_m"]] if marker else [],
+                             name="selected", mode="markers", marker=dict(size=16, symbol="star"),
+                             text=[marker["schedule"]] if marker else [],
+                             hovertemplate="%{text}<extra>selected</extra>"), secondary_y=False)
+    return go.FigureWidget(fig) if widget else fig
+
+
+def suite_figures(result: dict):
+    """The bench's two figures (time per scenario with floors, % of floor) for a result dict."""
+    from chord.bench.report import figures
+
+    return figures(result)
+
+
+def speedup_figure(result: dict):
+    """Chord vs Humming speed-up per scenario (> 1: Chord faster)."""
+    import plotly.graph_objects as go
+
+    from chord.bench.report import pivot
+
+    cells = [c for c in pivot(result) if c.get("speedup")]
+    fig = go.Figure(go.Bar(x=[f"{c['scenario']}<br>{c['family']}" for c in cells],
+                           y=[c["speedup"] for c in cells],
+                           marker_color=["seagreen" if c["speedup"] >= 1 else "indianred" for c in cells]))
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(title="speed-up over humming-kernels 0.1.20 (Humming time / Chord time)",
+                      yaxis_title="speed-up")
+    return fig

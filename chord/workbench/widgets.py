@@ -1,0 +1,57 @@
+"""ipywidgets builders for the notebooks: a slider (and pickers) -> a decision -> figures updated
+in place. ipywidgets and plotly are imported when a builder is called."""
+from __future__ import annotations
+
+from chord.workbench.explore import sweep_tok_e
+from chord.workbench.figures import decision_html, sweep_figure
+
+TOK_E_GRID = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str = "gate_up", tok_e: int = 64):
+    """A tok_e slider and deployment / family / GEMM pickers over the decision of `chord.schedule`.
+
+    Returns ``(box, state)``: ``box`` is the widget to display; ``state`` exposes the parts
+    (``slider``, ``html``, ``figure``, ``row()``) so a notebook cell or a test can drive it.
+    """
+    import ipywidgets as W
+
+    slider = W.SelectionSlider(options=list(TOK_E_GRID), value=tok_e, description="tok_e", continuous_update=False)
+    dep = W.Dropdown(options=["ep8", "tp8"], value=deployment, description="deployment")
+    fam = W.Dropdown(options=["indexed", "grouped_contiguous", "grouped_masked"], value=family, description="family")
+    gem = W.Dropdown(options=["gate_up", "down"], value=gemm, description="GEMM")
+    out = W.HTML()
+    fig = sweep_figure(sweep_tok_e(deployment, family, gemm, TOK_E_GRID), widget=True)
+
+    class State:
+        pass
+
+    state = State()
+    state.slider, state.html, state.figure = slider, out, fig
+
+    def current():
+        return sweep_tok_e(dep.value, fam.value, gem.value, [slider.value])[0]
+
+    def redraw_sweep(_=None):
+        rows = sweep_tok_e(dep.value, fam.value, gem.value, TOK_E_GRID)
+        with fig.batch_update():
+            for trace, key in zip(fig.data, ("block_m", "padding", "wave_efficiency")):
+                scale = 1 if key == "block_m" else 100
+                trace.y = [scale * r[key] for r in rows]
+            fig.layout.title.text = f"{dep.value} {fam.value} {gem.value}: schedule over tok_e"
+        refresh()
+
+    def refresh(_=None):
+        row = current()
+        out.value = decision_html(row)
+        selected = next(t for t in fig.data if t.name == "selected")
+        with fig.batch_update():
+            selected.x, selected.y, selected.text = [row["tok_e"]], [row["block_m"]], [row["schedule"]]
+
+    state.row = current
+    slider.observe(refresh, names="value")
+    for w in (dep, fam, gem):
+        w.observe(redraw_sweep, names="value")
+    refresh()
+    box = W.VBox([W.HBox([dep, fam, gem]), slider, out, fig])
+    return box, state
