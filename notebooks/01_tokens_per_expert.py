@@ -1,0 +1,76 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 — Tokens per expert decide the schedule
+#
+# The number of routed rows per local expert (tok_e), not the token count, decides which tile
+# and main loop win: decode (1-32 rows/expert) streams the INT4 weights with small `mma.sync`
+# tiles; prefill (64+) needs the 128x256 WGMMA tile. Drag the slider: the decision below is
+# `chord.schedule.explain` — the same function `chord.ops`, `chord bench` and the vLLM `humming`
+# root call — with what the tile means on 132 SMs (tiles, waves, padding).
+
+# %% tags=["parameters"]
+QUICK = True
+DEPLOYMENT = "ep8"  # "ep8" (48 experts) or "tp8" (384)
+FAMILY = "indexed"  # "indexed", "grouped_contiguous" or "grouped_masked"
+GEMM = "gate_up"  # "gate_up" or "down"
+TOK_E = 64
+
+# %%
+from chord.workbench import decision_row, sweep_tok_e
+from chord.workbench import figures
+from chord.workbench.widgets import TOK_E_GRID, tok_e_explorer
+
+explorer, state = tok_e_explorer(DEPLOYMENT, FAMILY, GEMM, TOK_E)
+explorer
+
+# %% [markdown]
+# ## The decision at the parameters' tok_e
+
+# %%
+row = decision_row(DEPLOYMENT, FAMILY, GEMM, TOK_E)
+print(row["schedule"], "-", row["reason"])
+print(f"{row['tiles']} tiles on {row['waves']} wave(s) of 132 SMs x {row['ctas_per_sm']} CTA(s): "
+      f"wave efficiency {100 * row['wave_efficiency']:.0f} %, padding {100 * row['padding']:.0f} %")
+
+# %% [markdown]
+# ## The sweep
+# block_m follows rows per expert; the green band is where the profile switches to the WGMMA
+# main loop. Padding is the share of computed token rows that are padding (rows per expert not a
+# multiple of block_m); wave efficiency = tiles / (waves x SMs x CTAs per SM).
+
+# %%
+rows = sweep_tok_e(DEPLOYMENT, FAMILY, GEMM, TOK_E_GRID)
+print(f"{'tok_e':>6s}  {'schedule':40s} {'tiles':>6s} {'waves':>5s} {'wave eff':>8s} {'padding':>7s}")
+for r in rows:
+    print(f"{r['tok_e']:6g}  {r['schedule']:40s} {r['tiles']:6d} {r['waves']:5d} {100 * r['wave_efficiency']:7.0f}% "
+          f"{100 * r['padding']:6.0f}%")
+figures.sweep_figure(rows, marker=row)
+
+# %% [markdown]
+# ## Invariant: one decision, whoever calls
+# For every tok_e of the sweep, the schedule shown here is the one vLLM gets through the
+# `humming` root's tuning rows (`valid_shape_m` = routed rows), and block_m never shrinks as
+# tok_e grows.
+
+# %%
+from humming import tune
+
+from chord.workbench.explore import gemm_shape
+
+e, n, k = gemm_shape(DEPLOYMENT, GEMM)
+table = tune.rows_for(FAMILY, e, n, k)
+for r in rows:
+    assert tune.row_for(table, r["rows"])["schedule"] == r["schedule"], r["tok_e"]
+assert all(a["block_m"] <= b["block_m"] for a, b in zip(rows, rows[1:]))
+print("the workbench, chord.ops and the vLLM path agree on", len(rows), "shapes")

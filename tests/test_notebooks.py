@@ -1,0 +1,25 @@
+"""Every notebook (jupytext percent source notebooks/NN_*.py) runs top to bottom without a GPU,
+in a real Jupyter kernel, with QUICK parameters; each ends with a cell asserting an invariant."""
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.py"))
+
+
+def test_there_are_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS][:2] == ["00", "01"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path, tmp_path):
+    import jupytext
+    from nbclient import NotebookClient
+
+    nb = jupytext.read(path)
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert params and "QUICK = True" in params[0].source, "a parameters cell with QUICK first"
+    assert "assert" in nb.cells[-1].source, "the last cell asserts an invariant"
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "Traceback" not in outputs

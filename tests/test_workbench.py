@@ -1,0 +1,73 @@
+"""chord.workbench without a GPU: decision rows, figures from rows and results, the tok_e widget."""
+import pytest
+
+from chord.schedule import Problem, profile_for, select
+from chord.workbench import decision_row, gpu_available, recorded_results, sweep_tok_e, where_results_come_from
+from chord.workbench import figures as F
+
+GRID = (1, 4, 12, 32, 64, 128, 512)
+
+
+def test_decision_row_is_the_select_of_serving():
+    for tok_e in GRID:
+        r = decision_row("ep8", "indexed", "gate_up", tok_e)
+        want = select(profile_for("indexed", 48, 4096, 7168), Problem("indexed", 48, 4096, 7168, 48 * tok_e, 8))
+        assert r["schedule"] == want.id and r["block_m"] == want.block_m
+        assert 0 <= r["padding"] < 1 and 0 < r["wave_efficiency"] <= 1 and r["tiles"] > 0
+
+
+def test_tile_arithmetic_by_hand():
+    r = decision_row("ep8", "grouped_contiguous", "gate_up", 512)
+    # 48 experts x ceil(512 / block_m) token tiles x 4096 / block_n N blocks
+    assert r["tiles"] == 48 * (512 // r["block_m"]) * (4096 // r["block_n"]) * r["split_k"]
+    assert r["padding"] == 0.0
+    r = decision_row("ep8", "indexed", "gate_up", 12)
+    assert r["padding"] == pytest.approx(1 - 12 / r["block_m"])
+
+
+def test_bad_deployment_and_gemm():
+    with pytest.raises(ValueError, match="deployment"):
+        decision_row("ep4", "indexed", "gate_up", 1)
+    with pytest.raises(ValueError, match="gemm"):
+        decision_row("ep8", "indexed", "up", 1)
+
+
+def test_sweep_figure_and_decision_html():
+    rows = sweep_tok_e("ep8", "indexed", "down", GRID)
+    fig = F.sweep_figure(rows, marker=rows[-1])
+    names = [t.name for t in fig.data]
+    assert names == ["block_m", "padding %", "wave efficiency %", "selected"]
+    assert list(fig.data[0].y) == [r["block_m"] for r in rows]
+    assert list(fig.data[-1].x) == [512]
+    assert any("wgmma" in (a.text or "") for a in fig.layout.annotations)
+    html = F.decision_html(rows[0])
+    assert rows[0]["schedule"] in html and "rows/expert" in html
+
+
+def test_recorded_results_and_figures():
+    res = recorded_results()
+    assert res["meta"]["gpu"] == "NVIDIA H200" and res["rows"]
+    assert "recorded" in where_results_come_from(res)
+    t, p = F.suite_figures(res)
+    assert len(t.data) >= 2 and len(p.data) >= 1
+    sp = F.speedup_figure(res)
+    assert len(sp.data[0].x) == len(sp.data[0].y) > 10
+    with pytest.raises(FileNotFoundError):
+        recorded_results("no-such-run")
+
+
+def test_gpu_predicate_is_false_here():
+    import torch
+
+    assert gpu_available() == (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0))
+
+
+def test_tok_e_explorer_updates_decision_and_figure():
+    from chord.workbench.widgets import tok_e_explorer
+
+    box, st = tok_e_explorer("ep8", "indexed", "gate_up", 64)
+    before_html, before_x = st.html.value, tuple(st.figure.data[-1].x)
+    st.slider.value = 512
+    assert st.html.value != before_html and tuple(st.figure.data[-1].x) == (512,) != before_x
+    assert st.row()["schedule"] in st.html.value
+    assert st.figure.data[-1].y[0] == st.row()["block_m"]
