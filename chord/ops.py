@@ -55,6 +55,15 @@ def _check_tensor(name: str, t, dtype=None, dim=None, device=None, contiguous=Tr
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of two contiguous tensors on one device intersects. Only plain tensors
+    are compared (a FakeTensor of torch.compile tracing or opcheck has no memory to compare)."""
+    if type(a) is not torch.Tensor or type(b) is not torch.Tensor or a.device != b.device:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def _check_weights(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int]:
     _check_tensor("x", x, torch.bfloat16, (2, 3))
     dev = x.device
@@ -67,6 +76,8 @@ def _check_weights(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if tuple(scales.shape) != (e, nt, kb, 8, 2, 2):
         raise ValueError(f"scales must have shape {(e, nt, kb, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
     n, k = nt * 16, kb * 64
+    if _overlaps(out, x):
+        raise ValueError("out must not overlap x (the kernels read x while they write out); give out its own buffer")
     if x.shape[-1] != k:
         raise ValueError(f"x must have K={k} columns (qweight's K), got {x.shape[-1]}")
     if out.shape[-1] != n:
@@ -393,6 +404,12 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
     (a chord.routing.IndexedRouting built with the schedule's block_m)."""
     _check_packed("w", w)
     top_k = routing.top_k if top_k is None else top_k
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"gemm_indexed: top_k must be a positive int, got {top_k!r}")
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] * top_k != routing.num_rows:
+        raise ValueError(f"gemm_indexed: x.shape[0] * top_k = {x.shape[0]} * {top_k} must equal the routing's routed rows "
+                         f"({routing.num_rows} = M * {routing.top_k}): gate_up takes the M token rows with the "
+                         "routing's top_k, down the M * top_k routed rows with top_k=1")
     if schedule is None:
         prob = Problem("indexed", w.num_experts, w.n, w.k, rows=x.shape[0] * top_k, top_k=top_k)
         schedule = select(_profile_for(w, profile, "indexed"), prob)
@@ -471,6 +488,9 @@ def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExpe
     if w2.n != hidden_states.shape[1] or w13.k != hidden_states.shape[1]:
         raise ValueError(f"hidden_states must have K = w13.k = w2.n = {w13.k}, got {hidden_states.shape[1]}")
     m, top_k = topk_ids.shape
+    if hidden_states.shape[0] != m:
+        raise ValueError(f"fused_moe: hidden_states must have one row per topk_ids row ({m}), "
+                         f"got {hidden_states.shape[0]}")
     e = w13.num_experts
     n_route = expert_map.numel() if expert_map is not None else e  # ids index global experts
     rows = m * top_k

@@ -5,6 +5,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import chord.ops  # noqa: F401  (registers torch.ops.chord.*)
+from chord import ops
 from chord.schedule import Schedule
 
 E, N, K = 3, 256, 512
@@ -129,3 +130,52 @@ def test_grouped_routing_values_checked_on_request(routing_check):
     om = torch.empty(E, 7, N, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="expert_num_tokens must lie in \\[0, max_rows=7\\]"):
         torch.ops.chord.gemm_masked(xm, qw, sc, torch.tensor([1, 8, 0], dtype=torch.int32), om, m)
+
+
+# ---- silent wrong answers that are now errors (issue 7) ---------------------------------------
+
+
+def _small():
+    from chord import formats, routing
+
+    torch.manual_seed(0)
+    q = torch.randint(-8, 8, (4, 128, 128), dtype=torch.int8)
+    s = (torch.rand(4, 128, 4) * 0.01 + 0.001).to(torch.bfloat16)
+    w = formats.pack_experts(formats.QuantizedExperts(q, s))
+    ids = routing.random_topk_ids(6, 4, 2, seed=0)
+    return w, routing.align_block_size(ids, 16, 4), ids
+
+
+def test_indexed_top_k_must_match_the_routing():
+    w, r, _ = _small()
+    x = torch.randn(6, 128).bfloat16()
+    with pytest.raises(ValueError, match="routed rows"):
+        ops.gemm_indexed(x, w, r, top_k=3, out=torch.empty(18, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="routed rows"):  # down-style call with the token rows
+        ops.gemm_indexed(x, w, r, top_k=1, out=torch.empty(12, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="top_k must be a positive int"):
+        ops.gemm_indexed(x, w, r, top_k=True)
+
+
+@pytest.mark.parametrize("family", ["indexed", "grouped_contiguous"])
+def test_out_aliasing_the_input_is_refused(family):
+    w, r, ids = _small()
+    buf = torch.randn(12, 128).bfloat16()
+    if family == "indexed":
+        with pytest.raises(ValueError, match="out must not overlap x"):
+            ops.gemm_indexed(buf, w, r, top_k=1, out=buf, schedule=Schedule("indexed", 16, 128, 4, 4, 1))
+    else:
+        off = torch.tensor([0, 3, 6, 9, 12], dtype=torch.int64)
+        with pytest.raises(ValueError, match="out must not overlap x"):
+            ops.gemm_contiguous(buf, w, off, out=buf[2:], schedule=Schedule("grouped_contiguous", 16, 128, 4, 4, 1))
+
+
+def test_fused_moe_needs_one_hidden_row_per_token():
+    w13, _, ids = _small()
+    from chord import formats
+
+    q2 = torch.randint(-8, 8, (4, 128, 64), dtype=torch.int8)
+    s2 = (torch.rand(4, 128, 2) * 0.01 + 0.001).to(torch.bfloat16)
+    w2 = formats.pack_experts(formats.QuantizedExperts(q2, s2))
+    with pytest.raises(ValueError, match="one row per topk_ids row"):
+        ops.fused_moe(torch.randn(5, 128).bfloat16(), w13, w2, torch.rand(6, 2), ids)
