@@ -217,6 +217,57 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
     return points
 
 
+def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_ms: float = 50.0,
+                   suite_path=None, seed: int = 0) -> list[dict]:
+    """Time one suite GEMM under several schedules (the same inputs `chord tune` uses): for each,
+    the do_bench median of a CUDA-graph replay and how its output compares with the first
+    schedule's (bit-identical, or the relative error). Needs an sm_90 GPU.
+
+    What the notebooks' ablations and `tools/one_gemm.py` call: an ablation is this with the
+    schedule and its `chord.optimizations.ablations`.
+    """
+    import torch
+
+    from chord import formats
+    from chord.bench import inputs as I
+    from chord.bench.suite import load_suite
+    from chord.bench.timing import bench
+    from chord.testing import rel_err, same_bits
+
+    scheds = [s if isinstance(s, Schedule) else Schedule.from_id(s) for s in schedules]
+    if not scheds:
+        raise ValueError("time_schedules: schedules must name at least one schedule")
+    if gemm not in ("gate_up", "down"):
+        raise ValueError(f"time_schedules: gemm must be 'gate_up' or 'down', got {gemm!r}")
+    sc = load_suite(suite_path).scenario(scenario_id)
+    if family not in sc.families:
+        raise ValueError(f"time_schedules: scenario {scenario_id} runs families {sc.families}, got {family!r}")
+    dev = torch.device("cuda")
+    ew = I.expert_weights(sc, seed, dev)
+    w13, w2 = formats.pack_experts(ew.q13, ew.s13), formats.pack_experts(ew.q2, ew.s2)
+    del ew
+    data = I.scenario_data(sc, seed, dev)
+    fi = I.family_inputs(family, data)
+    out_rows = []
+    for g, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2):
+        if g != gemm:
+            continue
+        first = None
+        for s in scheds:
+            fn, out = make(s)
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            if first is None:
+                first = out.clone()
+            valid = ~torch.isnan(first)
+            t = bench(fn, warmup_ms=10, rep_ms=rep_ms, graph=True)
+            out_rows.append({"scenario": scenario_id, "family": family, "gemm": gemm, "schedule": s.id,
+                             "us": t.p50, "p20": t.p20, "p80": t.p80, "same_bits": same_bits(out, first),
+                             "rel_err": rel_err(out[valid], first[valid]), "gpu": torch.cuda.get_device_name()})
+    return out_rows
+
+
 def _agrees(out, ref, exact: bool) -> bool:
     """Bit-identical (same main loop, no split-K), or within SPLIT_TOL with the same unwritten rows."""
     import torch

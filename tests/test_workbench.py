@@ -71,3 +71,30 @@ def test_tok_e_explorer_updates_decision_and_figure():
     assert st.html.value != before_html and tuple(st.figure.data[-1].x) == (512,) != before_x
     assert st.row()["schedule"] in st.html.value
     assert st.figure.data[-1].y[0] == st.row()["block_m"]
+
+
+def test_recorded_tuning_and_best_by():
+    from chord.workbench import best_by, recorded_tuning
+
+    pts = recorded_tuning()
+    assert pts and all("timings" in p for p in pts)
+    rows = best_by(pts, {"mma": lambda s: s.mainloop == "mma", "wgmma": lambda s: s.mainloop == "wgmma"})
+    tok512 = [r for r in rows if r["scenario"] == "ep8-prefill-tok512"]
+    assert tok512 and all(r["wgmma_us"] < r["mma_us"] for r in tok512)  # what the profile relies on
+    dec = [r for r in rows if r["scenario"] == "ep8-decode-tok1"]
+    assert dec and all(r["wgmma_us"] is None and r["wgmma_schedule"] is None for r in dec)
+    fig = F.ablation_figure(rows, ["mma", "wgmma"], "t")
+    assert [t.name for t in fig.data] == ["mma", "wgmma"] and len(fig.data[0].x) == len(rows)
+    with pytest.raises(FileNotFoundError):
+        recorded_tuning("nope")
+
+
+def test_time_schedules_checks_its_arguments():
+    from chord import tune
+
+    with pytest.raises(ValueError, match="at least one"):
+        tune.time_schedules("ep8-prefill-tok64", "indexed", "gate_up", [])
+    with pytest.raises(ValueError, match="gemm"):
+        tune.time_schedules("ep8-prefill-tok64", "indexed", "up", ["idx-m64n128k64-w4-s4-c1"])
+    with pytest.raises(ValueError, match="families"):
+        tune.time_schedules("ep8-prefill-tok64", "grouped_masked", "gate_up", ["gmsk-m64n128k64-w4-s4-c1"])

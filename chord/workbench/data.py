@@ -40,3 +40,40 @@ def where_results_come_from(result: dict) -> str:
         return (f"recorded: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')} "
                 f"(chord/bench/results/{meta['file']}); no sm_90 GPU here, so nothing was measured live")
     return f"live: {meta.get('gpu', '?')}, {meta.get('timestamp', '?')}"
+
+
+def recorded_tuning(name: str | None = None) -> list[dict]:
+    """The points of a committed `chord tune` run (every candidate's time per suite GEMM): the
+    newest H200 one by default, or ``chord/bench/results/<name>.json``."""
+    if name is None:
+        runs = sorted(RESULTS_DIR.glob("*-h200-tuning.json"))
+        if not runs:
+            raise FileNotFoundError(f"no committed H200 tuning points in {RESULTS_DIR}")
+        path = runs[-1]
+    else:
+        path = RESULTS_DIR / (name if name.endswith(".json") else f"{name}.json")
+        if not path.is_file():
+            raise FileNotFoundError(f"no committed tuning points {path.name} in {RESULTS_DIR}")
+    points = json.loads(path.read_text())
+    for p in points:
+        p["file"] = path.name
+    return points
+
+
+def best_by(points: list[dict], groups: dict) -> list[dict]:
+    """Per tuning point, the fastest timed schedule of each group: ``groups`` maps a label to a
+    predicate on a `chord.schedule.Schedule` (e.g. ``{"mma": lambda s: s.mainloop == "mma"}``).
+    A row per point: scenario, family, gemm, rows_per_expert, then ``<label>_us`` and
+    ``<label>_schedule`` (None where no candidate of that group was timed)."""
+    from chord.schedule import Schedule
+
+    rows = []
+    for p in points:
+        row = {k: p[k] for k in ("scenario", "family", "gemm", "rows_per_expert")}
+        timed = [(Schedule.from_id(sid), us) for sid, us in p["timings"].items()]
+        for label, pred in groups.items():
+            cand = [(us, s.id) for s, us in timed if pred(s)]
+            best = min(cand) if cand else (None, None)
+            row[f"{label}_us"], row[f"{label}_schedule"] = best
+        rows.append(row)
+    return rows

@@ -70,3 +70,18 @@ def speedup_figure(result: dict):
     fig.update_layout(title="speed-up over humming-kernels 0.1.20 (Humming time / Chord time)",
                       yaxis_title="speed-up")
     return fig
+
+
+def ablation_figure(rows: list[dict], labels: list[str], title: str):
+    """Grouped bars of `<label>_us` per GEMM point (rows from `chord.workbench.data.best_by` or
+    live `chord.tune.time_schedules` results pivoted the same way)."""
+    import plotly.graph_objects as go
+
+    x = [f"{r['scenario']}<br>{r['family']} {r['gemm']}" for r in rows]
+    fig = go.Figure()
+    for label in labels:
+        fig.add_bar(name=label, x=x, y=[r.get(f"{label}_us") for r in rows],
+                    text=[r.get(f"{label}_schedule") for r in rows],
+                    hovertemplate="%{x}<br>%{y:.1f} us<br>%{text}<extra>" + label + "</extra>")
+    fig.update_layout(title=title, barmode="group", yaxis_title="us (one GEMM, do_bench median)", yaxis_type="log")
+    return fig
