@@ -36,10 +36,11 @@ def test_sweep_figure_and_decision_html():
     rows = sweep_tok_e("ep8", "indexed", "down", GRID)
     fig = F.sweep_figure(rows, marker=rows[-1])
     names = [t.name for t in fig.data]
-    assert names == ["block_m", "padding %", "wave efficiency %", "selected"]
+    assert names == ["block_m", "padding %", "wave efficiency %", "wgmma main loop", "selected"]
     assert list(fig.data[0].y) == [r["block_m"] for r in rows]
     assert list(fig.data[-1].x) == [512]
-    assert any("wgmma" in (a.text or "") for a in fig.layout.annotations)
+    band = fig.data[3]
+    assert (min(band.x), max(band.x)) == (min(r["tok_e"] for r in rows if r["mainloop"] == "wgmma"), 512)
     html = F.decision_html(rows[0])
     assert rows[0]["schedule"] in html and "rows/expert" in html
 

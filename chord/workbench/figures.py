@@ -34,14 +34,16 @@ def sweep_figure(rows: list[dict], marker: dict | None = None, widget: bool = Fa
     fig.add_trace(go.Scatter(x=x, y=[100 * r["wave_efficiency"] for r in rows], name="wave efficiency %",
                              mode="lines"), secondary_y=True)
     wg = [r["tok_e"] for r in rows if r["mainloop"] == "wgmma"]
-    if wg:
-        fig.add_vrect(x0=min(wg), x1=max(wg), fillcolor="green", opacity=0.07, line_width=0,
-                      annotation_text="wgmma main loop", annotation_position="top left")
+    if wg:  # a filled trace in data coordinates (layout shapes on a log axis render inconsistently)
+        fig.add_trace(go.Scatter(x=[min(wg), max(wg)], y=[105, 105], fill="tozeroy", mode="none",
+                                 fillcolor="rgba(0,128,0,0.10)", name="wgmma main loop", hoverinfo="skip"),
+                      secondary_y=True)
     fig.update_xaxes(type="log", title="rows per expert (tok_e)")
     fig.update_yaxes(title="block_m", type="log", secondary_y=False)
-    fig.update_yaxes(title="%", range=[0, 105], secondary_y=True)
+    fig.update_yaxes(title="%", range=[0, 105], tickmode="linear", tick0=0, dtick=20, showgrid=False,
+                     secondary_y=True)
     fig.update_layout(title=f"{rows[0]['deployment']} {rows[0]['family']} {rows[0]['gemm']}: schedule over tok_e"
-                      if rows else "schedule over tok_e", legend_orientation="h")
+                      if rows else "schedule over tok_e", legend=dict(orientation="h", y=-0.3), height=460)
     fig.add_trace(go.Scatter(x=[marker["tok_e"]] if marker else [], y=[marker["block_m"]] if marker else [],
                              name="selected", mode="markers", marker=dict(size=16, symbol="star"),
                              text=[marker["schedule"]] if marker else [],

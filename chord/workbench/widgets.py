@@ -34,11 +34,13 @@ def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str =
 
     def redraw_sweep(_=None):
         rows = sweep_tok_e(dep.value, fam.value, gem.value, TOK_E_GRID)
+        fresh = sweep_figure(rows)
         with fig.batch_update():
-            for trace, key in zip(fig.data, ("block_m", "padding", "wave_efficiency")):
-                scale = 1 if key == "block_m" else 100
-                trace.y = [scale * r[key] for r in rows]
-            fig.layout.title.text = f"{dep.value} {fam.value} {gem.value}: schedule over tok_e"
+            by_name = {t.name: t for t in fresh.data}
+            for trace in fig.data:
+                if trace.name in by_name and trace.name != "selected":
+                    trace.x, trace.y = by_name[trace.name].x, by_name[trace.name].y
+            fig.layout.title.text = fresh.layout.title.text
         refresh()
 
     def refresh(_=None):
