@@ -1,0 +1,69 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 — The whole suite: Chord vs humming-kernels 0.1.20
+#
+# `chord bench` as a notebook: every scenario of the Kimi K2 H200 suite, gate_up + down, checked
+# against the float32 reference first, then timed (do_bench median of a CUDA-graph replay) next
+# to upstream humming-kernels 0.1.20 driven exactly as vLLM 0.33 drives it, in a subprocess
+# (both packages own the import name `humming`), on the same GPU in the same run.
+#
+# Upstream Humming for the live comparison: `pip install --no-deps --target DIR
+# humming-kernels==0.1.20`, then set `HUMMING_DIR = DIR` below (or `CHORD_HUMMING_DIR`).
+
+# %% tags=["parameters"]
+QUICK = True  # live: 4 representative scenarios with short timing; False: the whole suite
+HUMMING_DIR = None  # install dir of upstream humming-kernels 0.1.20 (default $CHORD_HUMMING_DIR)
+OUT_DIR = "bench-out"
+
+# %%
+import os
+
+from chord.bench import report, runner
+from chord.workbench import gpu_available, recorded_results, where_results_come_from
+from chord.workbench import figures
+
+HUMMING_DIR = HUMMING_DIR or os.environ.get("CHORD_HUMMING_DIR")
+if gpu_available():
+    opts = runner.BenchOptions(quick=QUICK, humming_dir=HUMMING_DIR, out_dir=OUT_DIR,
+                               humming_tuning_rows="matching" if QUICK else "all")
+    result = runner.run_gpu(opts)
+    if not HUMMING_DIR:
+        print("no upstream Humming install given: its column shows the committed baseline file, labelled so")
+else:
+    result = recorded_results()
+print(where_results_come_from(result))
+
+# %%
+print(report.terminal_table(result))
+
+# %%
+figures.speedup_figure(result)
+
+# %%
+time_fig, floor_fig = figures.suite_figures(result)
+floor_fig
+
+# %% [markdown]
+# ## Invariant
+# Every Chord row passed its float32 check before it was timed, and each speed-up is Humming's
+# time over Chord's time of the same scenario and family.
+
+# %%
+cells = report.pivot(result)
+assert cells and all(c.get("chord_check") == "pass" for c in cells if c.get("chord_us"))
+for c in cells:
+    h = c.get("humming_us", c.get("humming_committed_us"))
+    if c.get("speedup"):
+        assert abs(c["speedup"] - h / c["chord_us"]) < 1e-9
+print(len(cells), "rows checked")
