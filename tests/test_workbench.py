@@ -99,3 +99,13 @@ def test_time_schedules_checks_its_arguments():
         tune.time_schedules("ep8-prefill-tok64", "indexed", "up", ["idx-m64n128k64-w4-s4-c1"])
     with pytest.raises(ValueError, match="families"):
         tune.time_schedules("ep8-prefill-tok64", "grouped_masked", "gate_up", ["gmsk-m64n128k64-w4-s4-c1"])
+
+
+def test_tile_count_and_waves():
+    from chord.workbench.explore import tile_count, waves
+
+    assert tile_count(48, 512, 128, 4096, 256) == 48 * 4 * 16
+    assert tile_count(48, 0, 128, 4096, 256) == 0
+    assert tile_count(384, 1 / 48, 8, 512, 64, split_k=8) == 384 * 1 * 8 * 8  # each expert padded to one tile
+    assert waves(3072) == (24, pytest.approx(3072 / 132 - 23))
+    assert waves(132) == (1, 1.0) and waves(0) == (0, 0.0) and waves(264, ctas_per_sm=2) == (1, 1.0)

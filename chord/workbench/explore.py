@@ -30,6 +30,23 @@ def gemm_shape(deployment: str, gemm: str) -> tuple[int, int, int]:
     raise ValueError(f"gemm must be 'gate_up' or 'down', got {gemm!r}")
 
 
+def tile_count(experts: int, tok_e: float, block_m: int, n: int, block_n: int, split_k: int = 1) -> int:
+    """CTAs that do work when every expert has `tok_e` rows: token tiles x N blocks x splits."""
+    rows = int(round(tok_e * experts))
+    if rows == 0:
+        return 0
+    return experts * max(1, math.ceil(rows / experts / block_m)) * (n // block_n) * split_k
+
+
+def waves(tiles: int, sms: int = SMS_H200, ctas_per_sm: int = 1) -> tuple[int, float]:
+    """(waves, utilization of the last wave) of `tiles` CTAs on `sms` x `ctas_per_sm` slots."""
+    if tiles <= 0:
+        return 0, 0.0
+    slots = sms * ctas_per_sm
+    w = math.ceil(tiles / slots)
+    return w, (tiles - (w - 1) * slots) / slots
+
+
 def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int = SMS_H200) -> dict:
     """The schedule Chord picks for `tok_e` rows per expert, and what that tile means on the GPU.
 
@@ -45,15 +62,15 @@ def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int
     s = dec.schedule
     per_expert = rows / e
     m_tiles = e * max(1, math.ceil(per_expert / s.block_m)) if rows else 0
-    tiles = m_tiles * (n // s.block_n) * s.split_k
+    tiles = tile_count(e, tok_e, s.block_m, n, s.block_n, s.split_k)
     slots = sms * s.ctas_per_sm
-    waves = max(1, math.ceil(tiles / slots)) if tiles else 0
+    n_waves, _ = waves(tiles, sms, s.ctas_per_sm)
     computed = m_tiles * s.block_m
     return {
         "deployment": deployment, "family": family, "gemm": gemm, "tok_e": tok_e, "rows": rows,
         "n": n, "k": k, "schedule": s.id, "block_m": s.block_m, "block_n": s.block_n, "mainloop": s.mainloop,
-        "split_k": s.split_k, "ctas_per_sm": s.ctas_per_sm, "tiles": tiles, "waves": waves,
-        "wave_efficiency": tiles / (waves * slots) if waves else 0.0,
+        "split_k": s.split_k, "ctas_per_sm": s.ctas_per_sm, "tiles": tiles, "waves": n_waves,
+        "wave_efficiency": tiles / (n_waves * slots) if n_waves else 0.0,
         "padding": 1.0 - rows / computed if computed else 0.0,
         "profile": dec.profile, "reason": dec.reason, "candidates": [c.id for c in dec.candidates],
     }

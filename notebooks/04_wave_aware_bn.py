@@ -1,0 +1,82 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 — BN 128 vs 256: waves, the last wave, and measured time
+#
+# The N width of a tile trades the number of CTAs against work per CTA: BN = 256 halves the
+# tiles, which pays when they still fill whole waves of the 132 SMs and costs a half-empty last
+# wave otherwise. The *wave-aware BN* rule of DESIGN.md (BN = 256 only with enough N blocks for
+# whole waves) is not a selection rule in Chord yet (`chord.optimizations` marks it planned);
+# today `chord tune` measures both widths per suite point and the profile keeps the winner. This
+# notebook shows the prediction (waves, last-wave utilization, from tile counts) next to the
+# measurement (the committed `chord tune` run), per GEMM point.
+
+# %% tags=["parameters"]
+QUICK = True
+DEPLOYMENT = "ep8"
+FAMILY = "indexed"
+GEMM = "gate_up"
+
+# %%
+from chord import optimizations
+from chord.workbench import SMS_H200, best_by, decision_row, recorded_tuning
+from chord.workbench import figures
+from chord.workbench.explore import gemm_shape, tile_count, waves
+
+print(optimizations.BY_NAME["wave-aware BN"].status, "-", optimizations.BY_NAME["wave-aware BN"].what)
+
+# %% [markdown]
+# ## Predicted: tiles and waves per BN over tokens per expert
+
+# %%
+e, n, k = gemm_shape(DEPLOYMENT, GEMM)
+print(f"{DEPLOYMENT} {FAMILY} {GEMM}: {e} experts, N={n}, K={k}, {SMS_H200} SMs; block_m is the profile's")
+print(f"{'tok_e':>6s} {'block_m':>7s} | {'BN':>4s} {'tiles':>6s} {'waves':>5s} {'last wave':>9s} | "
+      f"{'BN':>4s} {'tiles':>6s} {'waves':>5s} {'last wave':>9s}")
+pred = []
+for tok_e in (1, 4, 12, 32, 64, 128, 256, 512):
+    bm = decision_row(DEPLOYMENT, FAMILY, GEMM, tok_e)["block_m"]
+    cells = []
+    for bn in (128, 256):
+        tiles = tile_count(e, tok_e, bm, n, bn)
+        w, last = waves(tiles)
+        cells.append((bn, tiles, w, last))
+        pred.append({"tok_e": tok_e, "bn": bn, "tiles": tiles, "waves": w, "last_wave": last})
+    print(f"{tok_e:6d} {bm:7d} | " + " | ".join(f"{bn:4d} {t:6d} {w:5d} {100 * lw:8.0f}%" for bn, t, w, lw in cells))
+
+# %% [markdown]
+# ## Measured: the fastest schedule of each width per suite GEMM (recorded)
+
+# %%
+points = recorded_tuning()
+rows = best_by(points, {"BN=128": lambda s: s.block_n == 128, "BN=256": lambda s: s.block_n == 256})
+print(f"recorded: chord/bench/results/{points[0]['file']}")
+print(f"{'scenario':20s} {'family':20s} {'gemm':8s} {'BN=128 us':>10s} {'BN=256 us':>10s} {'256/128':>8s}")
+for r in rows:
+    a, b = r["BN=128_us"], r["BN=256_us"]
+    ratio = f"{b / a:8.2f}" if a and b else "       -"
+    print(f"{r['scenario']:20s} {r['family']:20s} {r['gemm']:8s} {a or float('nan'):10.1f} {b or float('nan'):10.1f} {ratio}")
+figures.ablation_figure(rows, ["BN=128", "BN=256"], "fastest schedule per block_n and GEMM (H200, chord tune)")
+
+# %% [markdown]
+# ## Invariant
+# The predicted waves cover every tile exactly once (no tile lost or counted twice), and BN=256
+# never has more waves than BN=128 for the same block_m.
+
+# %%
+for tok_e in {p["tok_e"] for p in pred}:
+    a, b = (next(p for p in pred if p["tok_e"] == tok_e and p["bn"] == bn) for bn in (128, 256))
+    for p in (a, b):
+        assert (p["waves"] - 1) * SMS_H200 < p["tiles"] <= p["waves"] * SMS_H200
+    assert b["tiles"] * 2 == a["tiles"] and b["waves"] <= a["waves"]
+print("wave arithmetic holds for", len(pred) // 2, "shapes")
