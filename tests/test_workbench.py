@@ -106,6 +106,6 @@ def test_tile_count_and_waves():
 
     assert tile_count(48, 512, 128, 4096, 256) == 48 * 4 * 16
     assert tile_count(48, 0, 128, 4096, 256) == 0
-    assert tile_count(384, 1 / 48, 8, 512, 64, split_k=8) == 384 * 1 * 8 * 8  # each expert padded to one tile
+    assert tile_count(384, 8 / 384, 8, 512, 64, split_k=8) == 8 * 1 * 8 * 8  # one TP8 token: 8 experts
     assert waves(3072) == (24, pytest.approx(3072 / 132 - 23))
     assert waves(132) == (1, 1.0) and waves(0) == (0, 0.0) and waves(264, ctas_per_sm=2) == (1, 1.0)

@@ -30,12 +30,19 @@ def gemm_shape(deployment: str, gemm: str) -> tuple[int, int, int]:
     raise ValueError(f"gemm must be 'gate_up' or 'down', got {gemm!r}")
 
 
-def tile_count(experts: int, tok_e: float, block_m: int, n: int, block_n: int, split_k: int = 1) -> int:
-    """CTAs that do work when every expert has `tok_e` rows: token tiles x N blocks x splits."""
+def token_tiles(experts: int, tok_e: float, block_m: int) -> int:
+    """Token tiles when `tok_e * experts` routed rows spread evenly over the experts they touch
+    (at most one expert per row: a TP8 token touches 8 of 384)."""
     rows = int(round(tok_e * experts))
     if rows == 0:
         return 0
-    return experts * max(1, math.ceil(rows / experts / block_m)) * (n // block_n) * split_k
+    active = min(experts, rows)
+    return active * math.ceil(rows / active / block_m)
+
+
+def tile_count(experts: int, tok_e: float, block_m: int, n: int, block_n: int, split_k: int = 1) -> int:
+    """CTAs that do work: token tiles (`token_tiles`) x N blocks x splits."""
+    return token_tiles(experts, tok_e, block_m) * (n // block_n) * split_k
 
 
 def waves(tiles: int, sms: int = SMS_H200, ctas_per_sm: int = 1) -> tuple[int, float]:
@@ -60,8 +67,7 @@ def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int
     prob = Problem(family, e, n, k, rows, top_k)
     dec = explain(profile_for(family, e, n, k), prob)
     s = dec.schedule
-    per_expert = rows / e
-    m_tiles = e * max(1, math.ceil(per_expert / s.block_m)) if rows else 0
+    m_tiles = token_tiles(e, tok_e, s.block_m)
     tiles = tile_count(e, tok_e, s.block_m, n, s.block_n, s.split_k)
     slots = sms * s.ctas_per_sm
     n_waves, _ = waves(tiles, sms, s.ctas_per_sm)

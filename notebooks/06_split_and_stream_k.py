@@ -1,0 +1,79 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 — Split-K and the 2-CTA/SM window
+#
+# At TP8 one token, 8 of 384 experts are active and each GEMM has only a few output tiles: the
+# GPU idles unless K is split over more CTAs (`split_k`: fp32 partials, the last CTA of a tile
+# sums them in a fixed order, so the result is deterministic). Mid-size tiles gain from two
+# resident CTAs per SM (`ctas_per_sm`), which hides cp.async latency. Both are knobs of the one
+# kernel template. Stream-K and its shape-aware gate are planned (`chord.optimizations`).
+
+# %% tags=["parameters"]
+QUICK = True
+SCENARIO = "tp8-m1"
+
+# %%
+from chord import optimizations
+from chord.workbench import best_by, decision_row, recorded_tuning
+from chord.workbench import figures
+
+for name in ("split-K", "bounded 2-CTA/SM window", "shape-aware stream-K gate"):
+    o = optimizations.BY_NAME[name]
+    print(f"{name:28s} {o.status:12s} knob={o.knob}  {o.what}")
+
+# %% [markdown]
+# ## What the profile picks for one token at TP8
+
+# %%
+for gemm in ("gate_up", "down"):
+    r = decision_row("tp8", "indexed", gemm, 8 / 384)
+    print(f"{gemm:8s} {r['schedule']:32s} {r['tiles']:4d} working CTAs on 132 SMs (8 experts x N blocks x splits)")
+
+# %% [markdown]
+# ## Measured: split-K 1 / 2 / 4 / 8 and 1 vs 2 CTAs per SM (recorded `chord tune` run)
+
+# %%
+points = [p for p in recorded_tuning() if p["scenario"].startswith("tp8")]
+split_rows = best_by([p for p in points if p["scenario"] == SCENARIO],
+                     {f"split {s}": (lambda s_: (lambda sch: sch.split_k == s_))(s) for s in (1, 2, 4, 8)})
+for r in split_rows:
+    print(r["scenario"], r["gemm"], "  ".join(f"split {s}: {r[f'split {s}_us']:.1f} us" if r[f"split {s}_us"] else
+                                          f"split {s}: -" for s in (1, 2, 4, 8)))
+figures.ablation_figure(split_rows, [f"split {s}" for s in (1, 2, 4, 8)], f"{SCENARIO}: best schedule per split_k")
+
+# %%
+cta_rows = best_by(points, {"1 CTA/SM": lambda s: s.ctas_per_sm == 1, "2 CTAs/SM": lambda s: s.ctas_per_sm == 2})
+for r in cta_rows:
+    a, b = r["1 CTA/SM_us"], r["2 CTAs/SM_us"]
+    print(f"{r['scenario']:12s} {r['gemm']:8s} 1 CTA/SM {a:8.1f} us   2 CTAs/SM {b:8.1f} us   ratio {b / a:.2f}")
+figures.ablation_figure(cta_rows, ["1 CTA/SM", "2 CTAs/SM"], "TP8: best schedule with 1 vs 2 CTAs per SM")
+
+# %% [markdown]
+# ## Invariant
+# Split-K spreads the same tiles over more CTAs (split_k x the tiles of the unsplit schedule),
+# and switching it off is the same schedule with split_k = 1.
+
+# %%
+from chord.schedule import Schedule
+
+s = Schedule.from_id(decision_row("tp8", "indexed", "gate_up", 8 / 384)["schedule"])
+split = optimizations.BY_NAME["split-K"]
+if split.is_on(s):
+    off = split.switch_off(s)
+    assert off.split_k == 1 and {kn for kn in s.knobs() if getattr(off, kn) != getattr(s, kn)} == {"split_k"}
+    from chord.workbench.explore import tile_count
+
+    assert tile_count(384, 8 / 384, s.block_m, 512, s.block_n, s.split_k) == \
+        s.split_k * tile_count(384, 8 / 384, off.block_m, 512, off.block_n, 1)
+print("split-K invariants hold for", s.id)
