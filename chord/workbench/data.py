@@ -16,18 +16,23 @@ def gpu_available() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0))
 
 
+def _committed(name: str | None, pattern: str, what: str) -> Path:
+    """chord/bench/results/<name>.json, or the newest file matching `pattern` when name is None."""
+    if name is None:
+        runs = sorted(p for p in RESULTS_DIR.glob(pattern) if pattern.endswith("tuning.json") or "tuning" not in p.name)
+        if not runs:
+            raise FileNotFoundError(f"no committed H200 {what} in {RESULTS_DIR}")
+        return runs[-1]
+    path = RESULTS_DIR / (name if name.endswith(".json") else f"{name}.json")
+    if not path.is_file():
+        raise FileNotFoundError(f"no committed {what} {path.name} in {RESULTS_DIR}")
+    return path
+
+
 def recorded_results(name: str | None = None) -> dict:
     """A committed `chord bench` result (``{"meta", "rows"}``): the newest H200 suite run by
     default, or ``chord/bench/results/<name>.json``."""
-    if name is None:
-        runs = sorted(p for p in RESULTS_DIR.glob("*-h200-*.json") if "tuning" not in p.name)
-        if not runs:
-            raise FileNotFoundError(f"no committed H200 bench results in {RESULTS_DIR}")
-        path = runs[-1]
-    else:
-        path = RESULTS_DIR / (name if name.endswith(".json") else f"{name}.json")
-        if not path.is_file():
-            raise FileNotFoundError(f"no committed results {path.name} in {RESULTS_DIR}")
+    path = _committed(name, "*-h200-*.json", "bench results")
     data = json.loads(path.read_text())
     data.setdefault("meta", {})["file"] = path.name
     return data
@@ -45,15 +50,7 @@ def where_results_come_from(result: dict) -> str:
 def recorded_tuning(name: str | None = None) -> list[dict]:
     """The points of a committed `chord tune` run (every candidate's time per suite GEMM): the
     newest H200 one by default, or ``chord/bench/results/<name>.json``."""
-    if name is None:
-        runs = sorted(RESULTS_DIR.glob("*-h200-tuning.json"))
-        if not runs:
-            raise FileNotFoundError(f"no committed H200 tuning points in {RESULTS_DIR}")
-        path = runs[-1]
-    else:
-        path = RESULTS_DIR / (name if name.endswith(".json") else f"{name}.json")
-        if not path.is_file():
-            raise FileNotFoundError(f"no committed tuning points {path.name} in {RESULTS_DIR}")
+    path = _committed(name, "*-h200-tuning.json", "tuning points")
     points = json.loads(path.read_text())
     for p in points:
         p["file"] = path.name
