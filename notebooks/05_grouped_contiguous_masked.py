@@ -1,0 +1,76 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 — The grouped families: contiguous (prefill) and masked (decode)
+#
+# On the expert-parallel path the tokens arrive already permuted per expert, so the kernel needs
+# no gather index: **grouped_contiguous** reads the rows of expert e from `[off[e], off[e+1])`
+# (int64 offsets, any alignment); **grouped_masked** reads `[E, max_rows, K]` with a count per
+# expert, and rows past an expert's count cost nothing. The **indexed** family consumes vLLM's
+# `moe_align_block_size` routing instead. The same main loops run all three; only the row source
+# differs (`csrc/moe/rows.cuh`). Masked decode's latency-tuned buffered-K is planned.
+
+# %% tags=["parameters"]
+QUICK = True
+M, E, TOP_K = 12, 6, 2  # a small routing to look at
+
+# %%
+import torch
+
+from chord import optimizations, routing
+from chord.bench.report import pivot
+from chord.workbench import recorded_results, where_results_come_from
+
+ids = routing.random_topk_ids(M, E, TOP_K, seed=3)
+x = torch.randn(M, 64).bfloat16()
+ind = routing.align_block_size(ids, 8, E)
+con = routing.contiguous_layout(x, ids, E)
+msk = routing.masked_layout(x, ids, E, max_rows=M)
+print("topk_ids:", ids.tolist())
+print("indexed   : sorted_ids", ind.sorted_ids[: int(ind.num_tokens_post_padded[0])].tolist(),
+      "\n            expert_ids", ind.expert_ids[: int(ind.num_tokens_post_padded[0]) // 8].tolist(),
+      "(blocks of 8, sentinel", ind.num_rows, ")")
+print("contiguous: expert_offsets", con.expert_offsets.tolist(), "rows", tuple(con.x.shape))
+print("masked    : expert_num_tokens", msk.expert_num_tokens.tolist(), "input", tuple(msk.x.shape))
+print(optimizations.BY_NAME["latency-tuned buffered-K"].status, "- latency-tuned buffered-K")
+
+# %% [markdown]
+# ## The families side by side (recorded H200 run)
+# Indexed vs contiguous at prefill, indexed vs masked at decode: same routing, same weights.
+
+# %%
+res = recorded_results()
+print(where_results_come_from(res))
+by = {}
+for c in pivot(res):
+    by.setdefault(c["scenario"], {})[c["family"]] = c
+print(f"{'scenario':20s} {'indexed us':>10s} {'grouped us':>10s} {'grouped family':18s} {'grouped/indexed':>15s}")
+for scen, fams in by.items():
+    other = [f for f in fams if f != "indexed"]
+    if "indexed" in fams and other:
+        a, b = fams["indexed"]["chord_us"], fams[other[0]]["chord_us"]
+        print(f"{scen:20s} {a:10.1f} {b:10.1f} {other[0]:18s} {b / a:15.2f}")
+
+# %% [markdown]
+# ## Invariant
+# The three layouts hold exactly the routed rows: contiguous offsets end at M * top_k, masked
+# counts sum to it, and indexed pads each expert to whole blocks of its block size.
+
+# %%
+rows = M * TOP_K
+assert int(con.expert_offsets[-1]) == rows == int(msk.expert_num_tokens.sum())
+used = int(ind.num_tokens_post_padded[0])
+assert used % 8 == 0 and rows <= used <= rows + E * 7
+valid = ind.sorted_ids[:used]
+assert sorted(valid[valid < ind.num_rows].tolist()) == list(range(rows))
+print("layouts agree on", rows, "routed rows")
