@@ -57,7 +57,7 @@ def test_profile_has_every_deployment_and_family():
 
 
 @pytest.mark.parametrize("tok_e,bm,loop", [(1, 8, "mma"), (4, 8, "mma"), (12, 16, "mma"), (32, 32, "mma"),
-                                          (64, 64, "wgmma"), (128, 128, "wgmma"), (512, 128, "wgmma")])
+                                          (64, 64, "wgmma"), (128, 128, "wgmma"), (256, 256, "wgmma"), (512, 256, "wgmma")])
 def test_block_m_follows_rows_per_expert(tok_e, bm, loop):
     p = Problem("indexed", 48, 4096, 7168, rows=48 * tok_e, top_k=8)
     dep = "ep8-decode" if tok_e <= 32 else "ep8-prefill"

@@ -1,6 +1,8 @@
 """`chord tune` host logic: candidate spaces and turning measured points into a profile."""
 import json
 
+import pytest
+
 from chord import tune
 from chord.schedule import Problem, Schedule, load_profile_file, select
 
@@ -67,3 +69,15 @@ def test_committed_profile_is_loadable_and_complete():
         for fam, rules in prof.rules.items():
             assert rules[-1].max_rows_per_expert == float("inf")
     assert all(s.smem_bytes <= 227 * 1024 for s in pf.all_schedules())
+
+
+def test_pick_best_prefers_the_larger_token_tile_within_the_tie_tolerance():
+    from chord.tune import TIE_TOL, pick_best
+
+    a, b = "idx-m128n128k64-w8-s4-c2-wgmma-r8", "idx-m256n128k64-w8-s4-c1-wgmma"
+    assert pick_best({a: 100.0, b: 100.0 * (1 + TIE_TOL / 2)}) == b
+    assert pick_best({a: 100.0, b: 100.0 * (1 + 2 * TIE_TOL)}) == a
+    c = "idx-m256n128k64-w8-s5-c1-wgmma"
+    assert pick_best({a: 100.0, b: 101.0, c: 100.5}) == c  # same block_m: the faster of the two
+    with pytest.raises(ValueError, match="no timings"):
+        pick_best({})

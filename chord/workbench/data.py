@@ -16,10 +16,23 @@ def gpu_available() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0))
 
 
+def _run_order(path: Path) -> tuple:
+    """Date in the name, then the run's own timestamp (several runs of one day differ only by
+    commit hash), then the name."""
+    stamp = ""
+    if "tuning" not in path.name:
+        try:
+            stamp = str(json.loads(path.read_text()).get("meta", {}).get("timestamp", ""))
+        except (OSError, ValueError):
+            stamp = ""
+    return path.name[:10], stamp, path.name
+
+
 def _committed(name: str | None, pattern: str, what: str) -> Path:
     """chord/bench/results/<name>.json, or the newest file matching `pattern` when name is None."""
     if name is None:
-        runs = sorted(p for p in RESULTS_DIR.glob(pattern) if pattern.endswith("tuning.json") or "tuning" not in p.name)
+        runs = sorted((p for p in RESULTS_DIR.glob(pattern) if pattern.endswith("tuning.json") or "tuning" not in p.name),
+                      key=_run_order)
         if not runs:
             raise FileNotFoundError(f"no committed H200 {what} in {RESULTS_DIR}")
         return runs[-1]

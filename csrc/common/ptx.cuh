@@ -31,6 +31,23 @@ __device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem, 
                : "memory");
 }
 
+// 16-byte copy, or (skip != 0) a zero-fill of the destination that reads nothing: the
+// ignore-src form, whose predicate the caller computed once (not a byte count per copy).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* gmem, uint32_t skip) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+      "l"(gmem), "r"(skip)
+      : "memory");
+}
+
+// 16-byte copy issued only where `pred` holds (no branch around it).
+__device__ __forceinline__ void cp_async_16_if(uint32_t dst, const void* gmem, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
+      "l"(gmem), "r"(static_cast<uint32_t>(pred))
+      : "memory");
+}
+
 __device__ __forceinline__ void cp_async_16_stream_u32(uint32_t dst, const void* gmem, uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                "l"(policy)

@@ -192,33 +192,49 @@ struct WgmmaSwap64 {
 
     if constexpr (PRODUCER == 0) {
       // Every thread copies one 16-byte chunk of weights per stage (kThreads == kNTiles * 32),
-      // the first kNTiles * 4 threads one of scales, and BT * 8 / kThreads activation chunks;
-      // the weight and scale sources are computed once, each K block only adds kb. (Sharing
-      // load_stage here, as the producer does, costs 3-4 % more instructions per K block in
-      // ptxas 13.0's output: measured on the SASS of the 128x256 and 64x128 tiles.)
+      // the first kNTiles * 4 threads one of scales, and BT * 8 / kThreads activation chunks.
+      // The copy plan is fixed for the tile: each source pointer, destination offset and byte
+      // count is computed once here, and each K block only advances the sources by one block
+      // (the per-block row lookup, 64-bit row * K product and select cost ~90 of ~190
+      // instructions per warp and K block in the SASS of the 128x256 tile before). (Sharing
+      // load_stage here, as the producer does, costs more instructions per K block still.)
       static_assert(kThreads == kNTiles * 32, "multistage: one weight chunk per thread");
-      const uint4* wsrc = wbase + static_cast<int64_t>(tid / 32) * KB_ALL * 32 + tid % 32;
-      const uint8_t* ssrc = sbase + static_cast<int64_t>(tid / 4) * KB_ALL * 64 + (tid % 4) * 16;
-      auto load_all = [&](int slot, int kb) {
-        const uint32_t st = smem_base + slot * kStageBytes;
-        constexpr int kXChunks = BT * 8;
+      static_assert(kThreads % 64 == 0, "multistage: a thread's activation chunks share their swizzle phase");
+      constexpr int kXChunks = BT * 8;
+      constexpr int kXIters = (kXChunks + kThreads - 1) / kThreads;
+      const __nv_bfloat16* xsrc[kXIters];
+      uint32_t xskip[kXIters];  // 1: a padding row, zero-filled
+      const uint32_t xdst = (tid / 8) * 128 + (((tid % 8) ^ ((tid / 8) & 7)) * 16);
 #pragma unroll
-        for (int it = 0; it < (kXChunks + kThreads - 1) / kThreads; ++it) {
-          const int c = tid + it * kThreads;
-          if (kXChunks % kThreads == 0 || c < kXChunks) {
-            const int r = c / 8, ch = c % 8;
-            const int64_t row = in_row[r];
-            const __nv_bfloat16* src = xbase + (row >= 0 ? row * p.k + kb * kKBlock + ch * 8 : 0);
-            cp_async_16_u32(st + r * 128 + ((ch ^ (r & 7)) * 16), src, row >= 0);
-          }
+      for (int it = 0; it < kXIters; ++it) {
+        const int c = tid + it * kThreads;
+        const int64_t row = (kXChunks % kThreads == 0 || c < kXChunks) ? in_row[c / 8] : -1;
+        xsrc[it] = xbase + (row >= 0 ? row * p.k + (c % 8) * 8 : 0);
+        xskip[it] = row >= 0 ? 0u : 1u;
+      }
+      const uint4* wsrc = wbase + static_cast<int64_t>(tid / 32) * KB_ALL * 32 + tid % 32;
+      const bool has_scale = tid < kNTiles * 4;
+      const uint8_t* ssrc = sbase + (has_scale ? static_cast<int64_t>(tid / 4) * KB_ALL * 64 + (tid % 4) * 16 : 0);
+      int load_slot = 0;
+      // Copies the next K block (they come in order) into the next ring slot.
+      auto load_next = [&]() {
+        const uint32_t st = smem_base + load_slot * kStageBytes;
+#pragma unroll
+        for (int it = 0; it < kXIters; ++it) {
+          if (kXChunks % kThreads == 0 || tid + it * kThreads < kXChunks)
+            cp_async_16_zfill(st + xdst + it * kThreads * 16, xsrc[it], xskip[it]);
+          xsrc[it] += kKBlock;
         }
-        cp_async_16_u32(st + kXBytes + tid * 16, wsrc + kb * 32, true);
-        if (tid < kNTiles * 4) cp_async_16_u32(st + kXBytes + kWBytes + tid * 16, ssrc + kb * 64, true);
+        cp_async_16_u32(st + kXBytes + tid * 16, wsrc, true);
+        cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
+        wsrc += 32;
+        ssrc += 64;
+        load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
       };
       // Prologue: STAGES-2 K blocks in flight (one more slot is read by the group in flight).
 #pragma unroll
       for (int s = 0; s < STAGES - 2; ++s) {
-        if (s < KB) load_all(s, s);
+        if (s < KB) load_next();
         cp_async_commit();
       }
       wgmma_fence_operand(acc[0]);
@@ -226,8 +242,7 @@ struct WgmmaSwap64 {
         cp_async_wait<STAGES - 3>();
         fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
         __syncthreads();             // block kb landed for all; groups <= kb-2 retired in all warps
-        const int next = kb + STAGES - 2;
-        if (next < KB) load_all(next % STAGES, next);
+        if (kb + STAGES - 2 < KB) load_next();
         cp_async_commit();
         mma_block(smem, desc0, kb % STAGES, warp, lane, a, acc);
         retire(kb, KB, drain);
