@@ -4,7 +4,8 @@ A boolean switch (``CHORD_PTXAS_CHECK``, ``CHORD_DUMP_SASS``, ``CHORD_PRINT_SCHE
 ``CHORD_NVTX``, ``CHORD_CHECK_ROUTING``, ``CHORD_HUMMING_CPU_REFERENCE``) is on for ``1``,
 ``true``, ``yes`` or ``on`` and off when unset, empty, ``0``, ``false``, ``no`` or ``off`` (any
 case, surrounding spaces ignored); any other value raises a ``ValueError`` naming the variable,
-so a typo never silently switches a feature on or off.
+so a typo never silently switches a feature on or off. ``CHORD_CHECK_ROUTING`` alone is on when
+unset (routing values are checked unless switched off).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def parse_flag(name: str, value: str | None) -> bool:
                      f"{', '.join(_ON)} (on) or {', '.join(repr(x) for x in _OFF)} (off)")
 
 
-def flag(name: str) -> bool:
-    """Whether the boolean switch `name` is on in the current environment."""
-    return parse_flag(name, os.environ.get(name))
+def flag(name: str, default: bool = False) -> bool:
+    """Whether the boolean switch `name` is on in the current environment (`default` when unset)."""
+    value = os.environ.get(name)
+    return default if value is None else parse_flag(name, value)

@@ -411,7 +411,7 @@ def kernel_for_schedule(schedule: "Schedule") -> Kernel:
 _GEMM_PARAMS = struct.Struct("<8Q8q2Q")
 _GEMM_FIELDS = ("x", "qweight", "scales", "out", "sorted_ids", "expert_ids", "num_tokens_post_padded",
                 "expert_layout", "n", "k", "num_experts", "top_k", "num_valid_ids", "num_blocks", "max_rows",
-                "reserved", "workspace", "counters")
+                "rows", "workspace", "counters")
 
 
 def gemm_params_offsets() -> dict:
@@ -422,6 +422,6 @@ def gemm_params_offsets() -> dict:
 def pack_gemm_params(*, x: int, qweight: int, scales: int, out: int, sorted_ids: int = 0, expert_ids: int = 0,
                      num_tokens_post_padded: int = 0, expert_layout: int = 0, n: int, k: int, num_experts: int,
                      top_k: int = 1, num_valid_ids: int = 0, num_blocks: int = 0, max_rows: int = 0,
-                     workspace: int = 0, counters: int = 0) -> bytes:
+                     rows: int = 0, workspace: int = 0, counters: int = 0) -> bytes:
     return _GEMM_PARAMS.pack(x, qweight, scales, out, sorted_ids, expert_ids, num_tokens_post_padded, expert_layout,
-                             n, k, num_experts, top_k, num_valid_ids, num_blocks, max_rows, 0, workspace, counters)
+                             n, k, num_experts, top_k, num_valid_ids, num_blocks, max_rows, rows, workspace, counters)

@@ -96,18 +96,47 @@ def _check_schedule(schedule: str, family: str, n: int) -> Schedule:
     return s
 
 
-# Routing values live on the device, so the launch path never reads them (no sync, graph-safe).
-# The kernels treat out-of-range values as "skip" (expert id >= E or -1: block skipped; masked
-# counts clamped to max_rows; contiguous offsets clamped to non-negative lengths), which leaves
-# those rows unwritten. CHORD_CHECK_ROUTING=1 (or check_routing(True)) reads them on the host
-# before every launch and raises instead: for debugging, not for CUDA-graph capture.
-_check_routing = flag("CHORD_CHECK_ROUTING")
+# Routing values live on the device. By default the chord API reads them before each launch and
+# raises on a bad one (expert ids, sorted ids, padded count, offsets, counts): one device->host
+# copy per call. It is skipped while the current stream captures a CUDA graph (a read would
+# break the capture), and by the `humming` root, which trusts vLLM's routing as upstream Humming
+# does (check_routing=False on the raw entry points). CHORD_CHECK_ROUTING=0 (or
+# check_routing(False)) trusts every caller. Whatever the values, the kernels stay in bounds:
+# expert id outside [0, E) or -1 skips the block, sorted ids outside [0, M*top_k) are padding,
+# masked counts are clamped to [0, max_rows], contiguous offsets to [0, x.shape[0]] (a bad value
+# costs that call's answer, never memory safety).
+_check_routing = flag("CHORD_CHECK_ROUTING", default=True)
 
 
 def check_routing(on: bool = True) -> None:
     """Switch the host-side check of device routing values (see CHORD_CHECK_ROUTING)."""
     global _check_routing
+    if not isinstance(on, bool):
+        raise TypeError(f"check_routing(on): on must be a bool, got {type(on).__name__}")
     _check_routing = on
+
+
+def _check_arg(code: int) -> bool | None:
+    """The custom ops' int form of check_routing (-1: the global switch, 0: trust, 1: check)."""
+    if code not in (-1, 0, 1):
+        raise ValueError(f"check_routing must be -1 (the CHORD_CHECK_ROUTING switch), 0 or 1, got {code!r}")
+    return None if code == -1 else bool(code)
+
+
+def _check_code(check: bool | None) -> int:
+    if check is not None and not isinstance(check, bool):
+        raise TypeError(f"check_routing must be None or a bool, got {type(check).__name__}")
+    return -1 if check is None else int(check)
+
+
+def _checks_routing(check: bool | None, t: torch.Tensor) -> bool:
+    """Whether this call reads its routing values: `check` (None: the global switch), never while
+    the current stream captures a CUDA graph."""
+    if check is not None and not isinstance(check, bool):
+        raise TypeError(f"check_routing must be None or a bool, got {type(check).__name__}")
+    if not (_check_routing if check is None else check):
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _check_indexed_values(sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid):
@@ -220,10 +249,10 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
 
 
 def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
-                       schedule):
+                       schedule, check=None):
     s, e, n, k = _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
                                    block_m, schedule)
-    if _check_routing:
+    if _checks_routing(check, sorted_ids):
         _check_indexed_values(sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k)
     check_cuda_sm90(x)
     num_blocks = sorted_ids.numel() // block_m
@@ -241,13 +270,14 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
 def _gemm_indexed_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sorted_ids: torch.Tensor,
                      expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor, out: torch.Tensor, top_k: int,
-                     block_m: int, schedule: str) -> None:
+                     block_m: int, schedule: str, check_routing: int = -1) -> None:
     _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
-                       schedule)
+                       schedule, _check_arg(check_routing))
 
 
 @_gemm_indexed_op.register_fake
-def _(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule):
+def _(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule,
+      check_routing=-1):
     _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule)
 
 
@@ -267,9 +297,9 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
     return _check_schedule(schedule, "grouped_contiguous", n), e, n, k
 
 
-def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule):
+def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check=None):
     s, e, n, k = _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule)
-    if _check_routing:
+    if _checks_routing(check, expert_offsets):
         _check_offsets_values(expert_offsets, x.shape[0])
     check_cuda_sm90(x)
     rows = x.shape[0]
@@ -278,19 +308,19 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule):
     grid_x = (rows + s.block_m - 1) // s.block_m + e  # upper bound on per-expert tiles
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
-                                  num_experts=e, **_split_args(s, x, grid_x, n // s.block_n))
+                                  num_experts=e, rows=rows, **_split_args(s, x, grid_x, n // s.block_n))
     with nvtx_range("gemm_contiguous", s.id):
         _launch(s, (grid_x, n // s.block_n, s.split_k), x, params)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
 def _gemm_contiguous_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_offsets: torch.Tensor,
-                        out: torch.Tensor, schedule: str) -> None:
-    _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule)
+                        out: torch.Tensor, schedule: str, check_routing: int = -1) -> None:
+    _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, _check_arg(check_routing))
 
 
 @_gemm_contiguous_op.register_fake
-def _(x, qweight, scales, expert_offsets, out, schedule):
+def _(x, qweight, scales, expert_offsets, out, schedule, check_routing=-1):
     _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule)
 
 
@@ -316,9 +346,9 @@ def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
     return _check_schedule(schedule, "grouped_masked", n), e, n, k, max_rows
 
 
-def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule):
+def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check=None):
     s, e, n, k, max_rows = _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
-    if _check_routing:
+    if _checks_routing(check, expert_num_tokens):
         _check_counts_values(expert_num_tokens, max_rows)
     check_cuda_sm90(x)
     if max_rows == 0:
@@ -333,12 +363,12 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule):
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))
 def _gemm_masked_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_num_tokens: torch.Tensor,
-                    out: torch.Tensor, schedule: str) -> None:
-    _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule)
+                    out: torch.Tensor, schedule: str, check_routing: int = -1) -> None:
+    _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, _check_arg(check_routing))
 
 
 @_gemm_masked_op.register_fake
-def _(x, qweight, scales, expert_num_tokens, out, schedule):
+def _(x, qweight, scales, expert_num_tokens, out, schedule, check_routing=-1):
     _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
 
 
@@ -353,30 +383,34 @@ def _eager() -> bool:
 
 
 def gemm_indexed_raw(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,
-                     block_m: int, schedule: str) -> None:
-    """`torch.ops.chord.gemm_indexed` with the eager fast path (same checks, same kernel)."""
+                     block_m: int, schedule: str, *, check_routing: bool | None = None) -> None:
+    """`torch.ops.chord.gemm_indexed` with the eager fast path (same checks, same kernel).
+    check_routing: read and check the routing values first (None: the CHORD_CHECK_ROUTING switch;
+    never while a CUDA graph is being captured)."""
     if _eager():
         _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
-                           schedule)
+                           schedule, check_routing)
     else:
         torch.ops.chord.gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
-                                     block_m, schedule)
+                                     block_m, schedule, _check_code(check_routing))
 
 
-def gemm_contiguous_raw(x, qweight, scales, expert_offsets, out, schedule: str) -> None:
-    """`torch.ops.chord.gemm_contiguous` with the eager fast path."""
+def gemm_contiguous_raw(x, qweight, scales, expert_offsets, out, schedule: str, *,
+                        check_routing: bool | None = None) -> None:
+    """`torch.ops.chord.gemm_contiguous` with the eager fast path (check_routing: as gemm_indexed_raw)."""
     if _eager():
-        _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule)
+        _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check_routing)
     else:
-        torch.ops.chord.gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+        torch.ops.chord.gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule, _check_code(check_routing))
 
 
-def gemm_masked_raw(x, qweight, scales, expert_num_tokens, out, schedule: str) -> None:
-    """`torch.ops.chord.gemm_masked` with the eager fast path."""
+def gemm_masked_raw(x, qweight, scales, expert_num_tokens, out, schedule: str, *,
+                    check_routing: bool | None = None) -> None:
+    """`torch.ops.chord.gemm_masked` with the eager fast path (check_routing: as gemm_indexed_raw)."""
     if _eager():
-        _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule)
+        _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check_routing)
     else:
-        torch.ops.chord.gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule)
+        torch.ops.chord.gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule, _check_code(check_routing))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,9 +433,11 @@ def _profile_for(w: "PackedExperts", profile, family: str):
 
 def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optional[int] = None,
                  out: Optional[torch.Tensor] = None, schedule: Schedule | str | None = None,
-                 profile=None) -> torch.Tensor:
+                 profile=None, check_routing: bool | None = None) -> torch.Tensor:
     """out[sorted_id] = x[sorted_id // top_k] @ W[expert]^T for every routed row of `routing`
-    (a chord.routing.IndexedRouting built with the schedule's block_m)."""
+    (a chord.routing.IndexedRouting built with the schedule's block_m). check_routing: read and
+    check the routing values before the launch (None: CHORD_CHECK_ROUTING, on by default; never
+    while a CUDA graph is captured); False trusts them (the kernel stays in bounds regardless)."""
     _check_packed("w", w)
     top_k = routing.top_k if top_k is None else top_k
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -419,14 +455,15 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
     if out is None:
         out = torch.empty(x.shape[0] * top_k, w.n, dtype=torch.bfloat16, device=x.device)
     gemm_indexed_raw(x, w.qweight, w.scales, routing.sorted_ids, routing.expert_ids, routing.num_tokens_post_padded,
-                     out, top_k, routing.block_m, sid)
+                     out, top_k, routing.block_m, sid, check_routing=check_routing)
     return out
 
 
 def gemm_contiguous(x: torch.Tensor, w: "PackedExperts", expert_offsets: torch.Tensor, *,
                     out: Optional[torch.Tensor] = None, schedule: Schedule | str | None = None,
-                    profile=None) -> torch.Tensor:
-    """Rows [off[e], off[e+1]) of x times expert e's weights; rows past off[E] are not written."""
+                    profile=None, check_routing: bool | None = None) -> torch.Tensor:
+    """Rows [off[e], off[e+1]) of x times expert e's weights; rows past off[E] are not written.
+    check_routing: as gemm_indexed."""
     _check_packed("w", w)
     if schedule is None:
         prob = Problem("grouped_contiguous", w.num_experts, w.n, w.k, rows=x.shape[0])
@@ -434,15 +471,17 @@ def gemm_contiguous(x: torch.Tensor, w: "PackedExperts", expert_offsets: torch.T
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(x.shape[0], w.n, dtype=torch.bfloat16, device=x.device)
-    gemm_contiguous_raw(x, w.qweight, w.scales, expert_offsets, out, sid)
+    gemm_contiguous_raw(x, w.qweight, w.scales, expert_offsets, out, sid, check_routing=check_routing)
     return out
 
 
 def gemm_masked(x: torch.Tensor, w: "PackedExperts", expert_num_tokens: torch.Tensor, *,
                 out: Optional[torch.Tensor] = None, schedule: Schedule | str | None = None,
-                profile=None, expected_rows: Optional[int] = None) -> torch.Tensor:
+                profile=None, expected_rows: Optional[int] = None,
+                check_routing: bool | None = None) -> torch.Tensor:
     """x [E, max_rows, K]: the first expert_num_tokens[e] rows of expert e times its weights.
-    `expected_rows` (host int, total valid rows expected) drives the schedule; default E*max_rows/4."""
+    `expected_rows` (host int, total valid rows expected) drives the schedule; default E*max_rows/4.
+    check_routing: as gemm_indexed."""
     _check_packed("w", w)
     if schedule is None:
         max_rows = x.shape[1] if x.dim() == 3 else x.shape[0] // max(w.num_experts, 1)
@@ -452,7 +491,7 @@ def gemm_masked(x: torch.Tensor, w: "PackedExperts", expert_num_tokens: torch.Te
     sid = schedule.id if isinstance(schedule, Schedule) else schedule
     if out is None:
         out = torch.empty(*x.shape[:-1], w.n, dtype=torch.bfloat16, device=x.device)
-    gemm_masked_raw(x, w.qweight, w.scales, expert_num_tokens, out, sid)
+    gemm_masked_raw(x, w.qweight, w.scales, expert_num_tokens, out, sid, check_routing=check_routing)
     return out
 
 
@@ -507,24 +546,26 @@ def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExpe
             r1 = R.align_block_size(topk_ids, s1.block_m, n_route, **align)
             r2 = r1 if s2.block_m == s1.block_m else R.align_block_size(topk_ids, s2.block_m, n_route, **align)
             inter = torch.full((rows, w13.n), 0, dtype=torch.bfloat16, device=hidden_states.device)
-            gemm_indexed(hidden_states, w13, r1, top_k=top_k, out=inter, schedule=s1)
+            gemm_indexed(hidden_states, w13, r1, top_k=top_k, out=inter, schedule=s1, check_routing=False)
             act = silu_and_mul(inter)
             down = torch.zeros(rows, w2.n, dtype=torch.bfloat16, device=hidden_states.device)
-            gemm_indexed(act, w2, r2, top_k=1, out=down, schedule=s2)
+            gemm_indexed(act, w2, r2, top_k=1, out=down, schedule=s2, check_routing=False)
             valid = _valid_slots(topk_ids, expert_map, n_route)
             wts = (topk_weights.float() * valid).view(m, top_k, 1)
             return (down.float().view(m, top_k, -1) * wts).sum(1).to(torch.bfloat16)
         if family == "grouped_contiguous":
             lay = R.contiguous_layout(hidden_states, topk_ids, n_route, expert_map=expert_map)
-            inter = gemm_contiguous(lay.x, w13, lay.expert_offsets, profile=prof)
+            inter = gemm_contiguous(lay.x, w13, lay.expert_offsets, profile=prof, check_routing=False)
             act = silu_and_mul(inter)
-            down = gemm_contiguous(act, w2, lay.expert_offsets, profile=prof)
+            down = gemm_contiguous(act, w2, lay.expert_offsets, profile=prof, check_routing=False)
             return R.unpermute_contiguous(down, lay, topk_weights, m).to(torch.bfloat16)
         if family == "grouped_masked":
             lay = R.masked_layout(hidden_states, topk_ids, n_route, expert_map=expert_map)
-            inter = gemm_masked(lay.x, w13, lay.expert_num_tokens, profile=prof, expected_rows=rows)
+            inter = gemm_masked(lay.x, w13, lay.expert_num_tokens, profile=prof, expected_rows=rows,
+                                    check_routing=False)
             act = silu_and_mul(inter)
-            down = gemm_masked(act, w2, lay.expert_num_tokens, profile=prof, expected_rows=rows)
+            down = gemm_masked(act, w2, lay.expert_num_tokens, profile=prof, expected_rows=rows,
+                                   check_routing=False)
             return R.unpermute_masked(down, lay, topk_weights, m).to(torch.bfloat16)
     raise ValueError(f"family must be one of indexed, grouped_contiguous, grouped_masked; got {family!r}")
 

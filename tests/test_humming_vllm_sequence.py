@@ -648,12 +648,12 @@ def test_vllm_sequence_traces_with_fullgraph_torch_compile_cpu(case, monkeypatch
     from humming import _reference
 
     monkeypatch.setattr(chord_ops, "_gemm_indexed_impl",
-                        lambda x, qw, sc, si, ei, ntp, out, top_k, bm, s: _reference.gemm_indexed(
+                        lambda x, qw, sc, si, ei, ntp, out, top_k, bm, s, check=None: _reference.gemm_indexed(
                             x, qw, sc, si, ei, ntp, out, top_k, bm))
     monkeypatch.setattr(chord_ops, "_gemm_contiguous_impl",
-                        lambda x, qw, sc, off, out, s: _reference.gemm_contiguous(x, qw, sc, off, out))
+                        lambda x, qw, sc, off, out, s, check=None: _reference.gemm_contiguous(x, qw, sc, off, out))
     monkeypatch.setattr(chord_ops, "_gemm_masked_impl",
-                        lambda x, qw, sc, cnt, out, s: _reference.gemm_masked(x, qw, sc, cnt, out))
+                        lambda x, qw, sc, cnt, out, s, check=None: _reference.gemm_masked(x, qw, sc, cnt, out))
     monkeypatch.setattr(_chord, "_use_reference", lambda x: False)
     # torch's config patcher, not monkeypatch: newer pytest deletes attributes it did not find in
     # the module __dict__ on undo, which removes dynamo's config entries for later tests.

@@ -94,9 +94,45 @@ def test_fake_impls_trace():
 
 @pytest.fixture
 def routing_check():
+    before = chord.ops._check_routing
     chord.ops.check_routing(True)
     yield
-    chord.ops.check_routing(False)
+    chord.ops.check_routing(before)
+
+
+def test_routing_values_are_checked_by_default(monkeypatch):
+    from chord._env import flag
+
+    monkeypatch.delenv("CHORD_CHECK_ROUTING", raising=False)
+    assert flag("CHORD_CHECK_ROUTING", default=True) is True
+    monkeypatch.setenv("CHORD_CHECK_ROUTING", "off")
+    assert flag("CHORD_CHECK_ROUTING", default=True) is False
+    assert chord.ops._check_routing is True  # the suite runs with the switch unset
+
+
+def test_trusted_calls_skip_the_routing_read(routing_check):
+    """check_routing=False (the humming root's calls) goes straight to the launch checks."""
+    a = indexed_args(expert_ids=torch.full((8,), 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="expert_ids must lie"):
+        chord.ops.gemm_indexed_raw(*[a[k] for k in ("x", "qweight", "scales", "sorted_ids", "expert_ids",
+                                                    "num_tokens_post_padded", "out", "top_k", "block_m",
+                                                    "schedule")])
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        chord.ops.gemm_indexed_raw(*[a[k] for k in ("x", "qweight", "scales", "sorted_ids", "expert_ids",
+                                                    "num_tokens_post_padded", "out", "top_k", "block_m",
+                                                    "schedule")], check_routing=False)
+    with pytest.raises(TypeError, match="check_routing must be None or a bool"):
+        chord.ops.gemm_indexed_raw(*[a[k] for k in ("x", "qweight", "scales", "sorted_ids", "expert_ids",
+                                                    "num_tokens_post_padded", "out", "top_k", "block_m",
+                                                    "schedule")], check_routing=0)
+    with pytest.raises(TypeError, match="on must be a bool"):
+        chord.ops.check_routing("yes")
+
+
+def test_the_humming_root_trusts_vllm_routing():
+    from humming import _chord
+
+    assert all(f.keywords == {"check_routing": False} for f in _chord._raw_ops())
 
 
 @pytest.mark.parametrize("over,msg", [
@@ -106,7 +142,7 @@ def routing_check():
     (dict(sorted_ids=torch.full((64,), 11, dtype=torch.int32)), "sorted_ids must lie in \\[0, 10\\]"),
 ])
 def test_routing_values_checked_on_request(routing_check, over, msg):
-    """CHORD_CHECK_ROUTING: out-of-range device routing raises instead of leaving rows unwritten."""
+    """CHORD_CHECK_ROUTING (on by default): out-of-range device routing raises instead of leaving rows unwritten."""
     with pytest.raises(ValueError, match=msg):
         call_indexed(indexed_args(**over))
 

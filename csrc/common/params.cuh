@@ -29,7 +29,7 @@ struct GemmParams {
   int64_t num_valid_ids;  // indexed: sentinel (M*top_k); ids >= it are padding
   int64_t num_blocks;     // indexed: blocks in the (possibly over-allocated) buffers
   int64_t max_rows;       // masked: rows per expert in the [E, max_rows, K] input
-  int64_t reserved;
+  int64_t rows;           // contiguous: rows of x (expert offsets are clamped to [0, rows])
   float* workspace;       // split-K: fp32 partial tiles [tiles, SPLIT, BT, BN]
   int32_t* counters;      // split-K: arrival count per tile (zero between launches)
 };

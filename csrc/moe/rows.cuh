@@ -72,8 +72,13 @@ __device__ __forceinline__ int rows_masked(const GemmParams& p, int m_tile, int6
   return e;
 }
 
+__device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t rows) { return v < 0 ? 0 : (v > rows ? rows : v); }
+
 // Contiguous: rows of expert e are [off[e], off[e+1]); m_tile enumerates the per-expert tiles in
-// expert order (warp 0 scans the per-expert tile counts; the grid is an upper bound).
+// expert order (warp 0 scans the per-expert tile counts; the grid is an upper bound). Whatever
+// the offsets say, only rows [0, p.rows) of x and out are touched: each offset is clamped to
+// [0, rows] and an expert's end to at least its start (bad offsets cost that call's answer,
+// never memory safety; the host check in chord.ops reports them by default).
 template <int BT>
 __device__ __forceinline__ int rows_contiguous(const GemmParams& p, int m_tile, int64_t* in_row, int64_t* out_row,
                                                int* s_expert, int64_t* s_first) {
@@ -89,8 +94,8 @@ __device__ __forceinline__ int rows_contiguous(const GemmParams& p, int m_tile, 
       const int e = e0 + lane;
       int64_t lo = 0, cnt = 0;
       if (e < E) {
-        lo = off[e];
-        cnt = off[e + 1] - lo;
+        lo = clamp_row(off[e], p.rows);
+        cnt = clamp_row(off[e + 1], p.rows) - lo;
         if (cnt < 0) cnt = 0;
       }
       const int64_t tiles = (cnt + BT - 1) / BT;
@@ -122,7 +127,7 @@ __device__ __forceinline__ int rows_contiguous(const GemmParams& p, int m_tile, 
   const int e = *s_expert;
   if (e < 0) return -1;
   const int64_t first = *s_first;
-  const int64_t end = off[e + 1];
+  const int64_t end = clamp_row(off[e + 1], p.rows);
   for (int r = threadIdx.x; r < BT; r += blockDim.x) {
     const int64_t row = first + r;
     in_row[r] = row < end ? row : -1;

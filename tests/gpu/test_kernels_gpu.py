@@ -367,3 +367,65 @@ def test_split_k_graph_replay():
         g.replay()
         torch.cuda.synchronize()
         assert rel_err(out, ref) < TOL
+
+
+# ----------------------------------------------------------------------------------------------
+# memory safety whatever the routing says (issue 7): the default check raises, a trusted call
+# (the humming root's) stays in bounds. Run under compute-sanitizer with
+# PYTORCH_NO_CUDA_MEMORY_CACHING=1 to see reads, not only writes (tools/sanitize.sh).
+
+
+@pytest.mark.parametrize("sched", ["gcon-m16n128k64-w4-s4-c1", "gcon-m64n128k64-w8-s4-c1-wgmma"])
+def test_contiguous_offsets_past_the_input_are_clamped(sched):
+    e, n, k, m, guard = 4, 256, 512, 40, 8
+    qe, pw = weights(e, n, k)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out_all = torch.full((m + guard, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = out_all[:m]
+    off = torch.tensor([0, 10, 25, 40, 4000], dtype=torch.int64, device="cuda")  # the last expert runs past x
+    with pytest.raises(ValueError, match="at most x.shape\\[0\\]=40"):
+        ops.gemm_contiguous_raw(x, pw.qweight, pw.scales, off, out, sched)
+    ops.gemm_contiguous_raw(x, pw.qweight, pw.scales, off, out, sched, check_routing=False)
+    torch.cuda.synchronize()
+    assert torch.isnan(out_all[m:]).all(), "rows past the output were written"
+    ref = reference.contiguous_gemm_ref(x, qe, None, torch.tensor([0, 10, 25, 40, 40], device="cuda"))
+    assert rel_err(out, ref) < TOL
+    bad = torch.tensor([-50, 10, 5, 30, 1 << 40], dtype=torch.int64, device="cuda")  # negative, falling, huge
+    ops.gemm_contiguous_raw(x, pw.qweight, pw.scales, bad, out, sched, check_routing=False)
+    torch.cuda.synchronize()  # no fault: the call's answer may be wrong, memory stays safe
+    assert torch.isnan(out_all[m:]).all(), "rows past the output were written"
+
+
+def test_masked_counts_past_max_rows_and_indexed_ids_out_of_range_stay_in_bounds():
+    e, n, k, max_rows = 3, 256, 512, 7
+    qe, pw = weights(e, n, k)
+    x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
+    out = torch.full((e, max_rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    counts = torch.tensor([3, 100, -4], dtype=torch.int32, device="cuda")
+    sched = "gmsk-m8n128k64-w4-s4-c1"
+    with pytest.raises(ValueError, match="expert_num_tokens must lie in \\[0, max_rows=7\\]"):
+        ops.gemm_masked_raw(x, pw.qweight, pw.scales, counts, out, sched)
+    ops.gemm_masked_raw(x, pw.qweight, pw.scales, counts, out, sched, check_routing=False)
+    torch.cuda.synchronize()
+    ref = reference.masked_gemm_ref(x, qe, None, torch.tensor([3, 7, 0], dtype=torch.int32, device="cuda"))
+    assert rel_err(out[0, :3], ref[0, :3]) < TOL and rel_err(out[1], ref[1]) < TOL
+    assert torch.isnan(out[0, 3:]).all() and torch.isnan(out[2]).all()
+
+    m, top_k, bm = 5, 2, 8
+    xi = torch.randn(m, k, device="cuda").bfloat16()
+    oi = torch.full((m * top_k, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    sorted_ids = torch.tensor([0, 1, 10**6, -7, 3, 9, 2 ** 31 - 1, 4] + [m * top_k] * 8, dtype=torch.int32,
+                              device="cuda")
+    expert_ids = torch.tensor([1, 99], dtype=torch.int32, device="cuda")  # block 1: an expert that is not there
+    ntp = torch.tensor([16], dtype=torch.int32, device="cuda")
+    si = "idx-m8n128k64-w4-s4-c1"
+    with pytest.raises(ValueError, match="must lie in"):
+        ops.gemm_indexed_raw(xi, pw.qweight, pw.scales, sorted_ids, expert_ids, ntp, oi, top_k, bm, si)
+    ops.gemm_indexed_raw(xi, pw.qweight, pw.scales, sorted_ids, expert_ids, ntp, oi, top_k, bm, si,
+                         check_routing=False)
+    torch.cuda.synchronize()
+    written = [0, 1, 3, 9, 4]  # the in-range ids of block 0 (expert 1); the rest is padding or skipped
+    rest = [r for r in range(m * top_k) if r not in written]
+    assert torch.isnan(oi[rest]).all()
+    ref = xi.float()[torch.tensor(written, device="cuda") // top_k] @ qe.dequantize()[1].t()
+    assert rel_err(oi[written], ref) < TOL
