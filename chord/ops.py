@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from chord import jit
+from chord import jit, profiling
 from chord._env import flag
 from chord.profiling import nvtx_range
 from chord.schedule import Problem, Schedule, load_profile, override, profile_for, select
@@ -64,6 +64,34 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+_OVERLAP_MSG = "out must not overlap x (the kernels read x while they write out); give out its own buffer"
+
+# Host time per call (issue 6): a launch validates each argument's metadata (dtype, rank, shape,
+# strides, device) the first time it sees that combination with those scalars and schedule, and
+# afterwards only what depends on the pointers (out overlapping x). The memo is keyed by the
+# metadata itself, so a call whose arguments differ in any checked property is validated again.
+_VALIDATED: dict = {}
+_VALIDATED_MAX = 4096
+
+
+def _memo_validate(tag: str, scalars: tuple, tensors: tuple, validate):
+    """validate() for this (tag, scalars, tensor metadata) signature, run once and remembered;
+    plain tensors only (a FakeTensor or other subclass is validated on every call)."""
+    key = None
+    if all(type(t) is torch.Tensor for t in tensors):
+        key = (tag, tuple((type(v), v) for v in scalars),
+               tuple((t.dtype, t.device, t.shape, t.stride()) for t in tensors))
+        hit = _VALIDATED.get(key)
+        if hit is not None:
+            return hit
+    result = validate()
+    if key is not None:
+        if len(_VALIDATED) >= _VALIDATED_MAX:
+            _VALIDATED.clear()
+        _VALIDATED[key] = result
+    return result
+
+
 def _check_weights(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int]:
     _check_tensor("x", x, torch.bfloat16, (2, 3))
     dev = x.device
@@ -77,7 +105,7 @@ def _check_weights(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"scales must have shape {(e, nt, kb, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
     n, k = nt * 16, kb * 64
     if _overlaps(out, x):
-        raise ValueError("out must not overlap x (the kernels read x while they write out); give out its own buffer")
+        raise ValueError(_OVERLAP_MSG)
     if x.shape[-1] != k:
         raise ValueError(f"x must have K={k} columns (qweight's K), got {x.shape[-1]}")
     if out.shape[-1] != n:
@@ -214,11 +242,27 @@ def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int) -> dict:
     return {"workspace": ws, "counters": cnt}
 
 
-def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes) -> None:
+# torch.cuda.current_stream(dev).cuda_stream without building the Stream object (~2 us a call);
+# the public path where this torch build lacks the raw accessor.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _raw_stream(dev: int) -> int:
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(dev)
+    return torch.cuda.current_stream(dev).cuda_stream
+
+
+def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,
+            schedule_id: str) -> None:
     kernel = jit.kernel_for_schedule(sched)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream)
+    stream = _raw_stream(dev)
+    if profiling.nvtx_enabled():
+        with nvtx_range(op, schedule_id):
+            kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream)
+    else:
+        kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,8 +279,10 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
     _check_tensor("num_tokens_post_padded", num_tokens_post_padded, torch.int32, 1, dev)
     if num_tokens_post_padded.numel() < 1:
         raise ValueError("num_tokens_post_padded must hold one element")
-    if not isinstance(top_k, int) or top_k < 1:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if isinstance(block_m, bool) or not isinstance(block_m, int):
+        raise ValueError(f"block_m must be an int (the routing's block size), got {block_m!r}")
     s = _check_schedule(schedule, "indexed", n)
     if block_m != s.block_m:
         raise ValueError(f"block_m={block_m} (the routing's block size) must equal the schedule's block_m={s.block_m}")
@@ -250,8 +296,12 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
 
 def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
                        schedule, check=None):
-    s, e, n, k = _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
-                                   block_m, schedule)
+    s, e, n, k = _memo_validate(
+        "indexed", (top_k, block_m, schedule), (x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out),
+        lambda: _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
+                                  block_m, schedule))
+    if _overlaps(out, x):
+        raise ValueError(_OVERLAP_MSG)
     if _checks_routing(check, sorted_ids):
         _check_indexed_values(sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k)
     check_cuda_sm90(x)
@@ -263,8 +313,7 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
         num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks, **_split_args(s, x, num_blocks, n // s.block_n))
-    with nvtx_range("gemm_indexed", s.id):
-        _launch(s, (num_blocks, n // s.block_n, s.split_k), x, params)
+    _launch(s, (num_blocks, n // s.block_n, s.split_k), x, params, "gemm_indexed", schedule)
 
 
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
@@ -298,7 +347,10 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
 
 
 def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check=None):
-    s, e, n, k = _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule)
+    s, e, n, k = _memo_validate("contiguous", (schedule,), (x, qweight, scales, expert_offsets, out),
+                                lambda: _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule))
+    if _overlaps(out, x):
+        raise ValueError(_OVERLAP_MSG)
     if _checks_routing(check, expert_offsets):
         _check_offsets_values(expert_offsets, x.shape[0])
     check_cuda_sm90(x)
@@ -309,8 +361,7 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, che
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
                                   num_experts=e, rows=rows, **_split_args(s, x, grid_x, n // s.block_n))
-    with nvtx_range("gemm_contiguous", s.id):
-        _launch(s, (grid_x, n // s.block_n, s.split_k), x, params)
+    _launch(s, (grid_x, n // s.block_n, s.split_k), x, params, "gemm_contiguous", schedule)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
@@ -347,7 +398,11 @@ def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
 
 
 def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check=None):
-    s, e, n, k, max_rows = _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule)
+    s, e, n, k, max_rows = _memo_validate(
+        "masked", (schedule,), (x, qweight, scales, expert_num_tokens, out),
+        lambda: _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule))
+    if _overlaps(out, x):
+        raise ValueError(_OVERLAP_MSG)
     if _checks_routing(check, expert_num_tokens):
         _check_counts_values(expert_num_tokens, max_rows)
     check_cuda_sm90(x)
@@ -357,8 +412,7 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, chec
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
                                   num_experts=e, max_rows=max_rows, **_split_args(s, x, e * tiles, n // s.block_n))
-    with nvtx_range("gemm_masked", s.id):
-        _launch(s, (e * tiles, n // s.block_n, s.split_k), x, params)
+    _launch(s, (e * tiles, n // s.block_n, s.split_k), x, params, "gemm_masked", schedule)
 
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))

@@ -215,3 +215,25 @@ def test_fused_moe_needs_one_hidden_row_per_token():
     w2 = formats.pack_experts(formats.QuantizedExperts(q2, s2))
     with pytest.raises(ValueError, match="one row per topk_ids row"):
         ops.fused_moe(torch.randn(5, 128).bfloat16(), w13, w2, torch.rand(6, 2), ids)
+
+
+def test_validation_memo_keeps_every_check():
+    """The per-signature validation memo (host time, issue 6) never lets a call skip a check:
+    metadata that differs is validated again, and aliasing (pointer-dependent) is checked on
+    every call."""
+    a = indexed_args()
+    for _ in range(2):  # the second call hits the memo
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            call_indexed(a)
+    m, top_k = a["x"].shape[0], a["top_k"]
+    buf = torch.empty(m * top_k * N + m * K, dtype=torch.bfloat16)
+    aliased = dict(a, x=buf[:m * K].view(m, K), out=buf[:m * top_k * N].view(m * top_k, N))
+    with pytest.raises(ValueError, match="out must not overlap x"):
+        call_indexed(aliased)
+    strided = dict(a, x=torch.randn(m, 2 * K).bfloat16()[:, :K])
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        call_indexed(strided)
+    names = ("x", "qweight", "scales", "sorted_ids", "expert_ids", "num_tokens_post_padded", "out", "top_k",
+             "block_m", "schedule")
+    with pytest.raises(ValueError, match="top_k must be a positive int"):  # True == 1, but not for the memo
+        chord.ops.gemm_indexed_raw(*[dict(a, top_k=True)[k] for k in names])
