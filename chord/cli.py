@@ -1,9 +1,11 @@
-"""The ``chord`` command line: ``chord bench``, ``chord info``, ``chord precompile``.
+"""The ``chord`` command line: ``chord bench``, ``chord tune``, ``chord info``, ``chord precompile``,
+``chord profile``.
 
 ``chord bench`` runs a suite (see ``chord.bench.runner``); without a CUDA GPU it says so on its
 first line and runs the float32 reference path on scaled-down scenarios instead (exit 0 when
 the reference checks pass). ``chord info`` prints versions, the GPU, the compiler, the cache and
-the profiles. ``chord precompile`` builds every kernel a profile can select.
+the profiles. ``chord precompile`` builds every kernel a profile can select. ``chord profile``
+captures one scenario's calls with torch.profiler, Nsight Systems or Nsight Compute (chord.capture).
 """
 from __future__ import annotations
 
@@ -154,9 +156,30 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from chord import capture
+
+    try:
+        cap = capture.capture(args.scenario, args.family, args.tool, args.out, iters=args.iters, suite=args.suite,
+                              profile_file=args.profile, ncu_set=args.ncu_set)
+    except capture.CaptureError as exc:
+        print(f"chord profile: {exc}", file=sys.stderr)
+        return 2
+    if args.tool == "none":
+        return 0
+    print(f"chord profile: {cap.scenario} {cap.family}, {cap.iters} x (gate_up + down), tool {cap.tool}")
+    for r in cap.ranges:
+        print(f"  {r['range']:58s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us GPU per call")
+    for r in cap.kernels[:8]:
+        print(f"  kernel {r['kernel'][:51]:51s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us per call")
+    for name, path in cap.files.items():
+        print(f"  wrote {name}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile,profile}")
     sub.required = True
     _add_bench(sub)
     pi = sub.add_parser("info", help="versions, GPU, compiler, kernel cache, profiles")
@@ -178,6 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--rep-ms", type=float, default=25.0, help="do_bench rep per candidate (ms)")
     pt.add_argument("--out", default="tune-out", help="output dir for <profile>.json and tuning.json")
     pt.set_defaults(func=_cmd_tune)
+    from chord.bench.suite import FAMILIES
+    from chord.capture import TOOLS
+
+    pr = sub.add_parser("profile", help="capture an NVTX-annotated profile of one scenario's gate_up + down calls")
+    pr.add_argument("--scenario", required=True, help="suite scenario id, e.g. ep8-prefill-tok128")
+    pr.add_argument("--family", default="indexed", choices=FAMILIES)
+    pr.add_argument("--tool", default="torch", choices=TOOLS,
+                    help="torch: torch.profiler trace + summary; nsys / ncu: Nsight in a subprocess; none: just run")
+    pr.add_argument("--iters", type=int, default=3, help="gate_up + down pairs captured after one warm-up pair")
+    pr.add_argument("--out", default="prof-out", help="output folder (trace.json / report.* and summary.json)")
+    pr.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
+    pr.add_argument("--profile", default=None, help="profile file (default $CHORD_PROFILE or h200)")
+    pr.add_argument("--ncu-set", default="basic", help="with --tool ncu: the section set (basic, full, ...)")
+    pr.set_defaults(func=_cmd_profile)
     return parser
 
 

@@ -11,6 +11,7 @@ from typing import Iterator
 
 from chord._env import flag
 
+DOMAIN = "chord"
 _enabled = flag("CHORD_NVTX")
 _backend = None  # resolved lazily: ("nvtx", domain) | ("torch", None) | ("none", None)
 
@@ -30,7 +31,7 @@ def _resolve():
         try:
             import nvtx  # type: ignore
 
-            _backend = ("nvtx", nvtx.get_domain("chord"))
+            _backend = ("nvtx", nvtx.get_domain(DOMAIN))
         except Exception:  # noqa: BLE001 - optional dependency
             try:
                 import torch
@@ -45,22 +46,46 @@ def range_name(op: str, schedule_id: str | None = None) -> str:
     return f"chord/{op}[{schedule_id}]" if schedule_id else f"chord/{op}"
 
 
+_record_function = False  # also open a torch.profiler range of the same name (chord.capture)
+
+
+def record_function_ranges(on: bool = True) -> None:
+    """Mirror every NVTX range as a torch.profiler record_function range (torch.profiler does not
+    see NVTX), so a torch trace shows the same `chord/<op>[<schedule id>]` ranges as Nsight."""
+    global _record_function
+    _record_function = on
+
+
 @contextlib.contextmanager
 def nvtx_range(op: str, schedule_id: str | None = None) -> Iterator[None]:
     if not _enabled:
         yield
         return
+    if _record_function:
+        import torch
+
+        with torch.profiler.record_function(range_name(op, schedule_id)):
+            with _nvtx_only(op, schedule_id):
+                yield
+        return
+    with _nvtx_only(op, schedule_id):
+        yield
+
+
+@contextlib.contextmanager
+def _nvtx_only(op: str, schedule_id: str | None) -> Iterator[None]:
     kind, domain = _resolve()
     name = range_name(op, schedule_id)
     if kind == "nvtx":
         import nvtx  # type: ignore
 
-        attr = nvtx.EventAttributes(message=name)
-        rng = domain.start_range(attr)
+        # the package's public functions (its EventAttributes class is not exported at the
+        # top level: nvtx 0.2.17 has it only in nvtx._lib)
+        nvtx.push_range(message=name, domain=DOMAIN)
         try:
             yield
         finally:
-            domain.end_range(rng)
+            nvtx.pop_range(domain=DOMAIN)
     elif kind == "torch":
         import torch
 

@@ -31,7 +31,9 @@ def _run_order(path: Path) -> tuple:
 def _committed(name: str | None, pattern: str, what: str) -> Path:
     """chord/bench/results/<name>.json, or the newest file matching `pattern` when name is None."""
     if name is None:
-        runs = sorted((p for p in RESULTS_DIR.glob(pattern) if pattern.endswith("tuning.json") or "tuning" not in p.name),
+        kinds = ("tuning", "capture")  # other result kinds share the folder
+        own = [k for k in kinds if k in pattern]
+        runs = sorted((p for p in RESULTS_DIR.glob(pattern) if own or not any(k in p.name for k in kinds)),
                       key=_run_order)
         if not runs:
             raise FileNotFoundError(f"no committed H200 {what} in {RESULTS_DIR}")
@@ -68,6 +70,16 @@ def recorded_tuning(name: str | None = None) -> list[dict]:
     for p in points:
         p["file"] = path.name
     return points
+
+
+def recorded_capture(scenario: str | None = None, family: str | None = None) -> dict:
+    """A committed `chord profile --tool torch` summary (chord.capture.Capture.as_dict): the newest
+    H200 one for `scenario` / `family` (any when None)."""
+    pattern = f"*-h200-capture-{scenario or '*'}-{family or '*'}.json"
+    path = _committed(None, pattern, f"capture for {scenario or 'any scenario'} {family or ''}".strip())
+    data = json.loads(path.read_text())
+    data["file"] = path.name
+    return data
 
 
 def best_by(points: list[dict], groups: dict) -> list[dict]:

@@ -87,3 +87,19 @@ def ablation_figure(rows: list[dict], labels: list[str], title: str):
                     hovertemplate="%{x}<br>%{y:.1f} us<br>%{text}<extra>" + label + "</extra>")
     fig.update_layout(title=title, barmode="group", yaxis_title="us (one GEMM, do_bench median)", yaxis_type="log")
     return fig
+
+
+def capture_figure(cap: dict):
+    """Bars of GPU time per call for each `chord/<op>[<schedule id>]` range of a capture
+    (chord.capture.Capture.as_dict(), live or from chord.workbench.recorded_capture)."""
+    import plotly.graph_objects as go
+
+    rows = [r for r in cap["ranges"] if not r["range"].startswith("chord/profile")]
+    fig = go.Figure()
+    fig.add_bar(x=[r["range"] for r in rows], y=[r["gpu_us_per_call"] for r in rows],
+                text=[f"{r['calls']} calls" for r in rows],
+                hovertemplate="%{x}<br>%{y:.1f} us GPU per call<br>%{text}<extra></extra>")
+    fig.update_layout(title=f"{cap['scenario']} {cap['family']}: GPU time per call in each Chord range "
+                            f"({cap['tool']} capture, {cap['iters']} iterations)",
+                      yaxis_title="us of GPU time per call")
+    return fig

@@ -1,0 +1,243 @@
+"""Profiler captures of the very calls the bench times, NVTX-annotated (`chord profile`).
+
+    from chord import capture
+    cap = capture.capture("ep8-prefill-tok128", "indexed", tool="torch", out_dir="prof-out")
+    cap.ranges      # one row per `chord/<op>[<schedule id>]` range: calls, GPU us per call
+    cap.kernels     # one row per GPU kernel name: calls, GPU us per call
+
+One scenario of the suite, one family: gate_up then down, with the inputs, routing and
+schedules of `chord bench` (chord.bench.runner), `iters` times after one warm-up pair. NVTX is
+switched on for the capture, so every launch sits in a range named `chord/<op>[<schedule id>]`
+(chord.profiling) inside an outer `chord/profile[<scenario> <family>]` range.
+
+Tools:
+* ``torch``: torch.profiler (CPU + CUDA activity) in this process; writes ``trace.json`` (Chrome
+  trace, opens in Perfetto) and ``summary.json``. The NVTX ranges are mirrored as
+  record_function ranges, which torch.profiler does see.
+* ``nsys``: ``nsys profile -t cuda,nvtx`` over ``chord profile --tool none`` in a subprocess;
+  writes ``report.nsys-rep``.
+* ``ncu``: ``ncu --nvtx --clock-control none`` on the captured iterations' Chord kernels in a
+  subprocess (``--set`` chooses the sections); writes ``report.ncu-rep`` and ``ncu.txt``.
+* ``none``: only runs the calls (what the nsys/ncu subprocesses run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TOOLS = ("torch", "nsys", "ncu", "none")
+
+
+class CaptureError(RuntimeError):
+    """A capture that cannot run here (no GPU, no profiler binary, a failed subprocess)."""
+
+
+@dataclasses.dataclass
+class Capture:
+    scenario: str
+    family: str
+    tool: str
+    iters: int
+    schedules: dict  # {"gate_up": id, "down": id}
+    ranges: list  # [{"range", "calls", "gpu_us_per_call", "gpu_us_total"}]
+    kernels: list  # [{"kernel", "calls", "gpu_us_per_call", "gpu_us_total"}]
+    files: dict  # name -> path written
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def expected_ranges(family: str, schedules: dict) -> set:
+    """The range names a capture of these schedules must show (chord.profiling.range_name)."""
+    from chord.profiling import range_name
+
+    op = {"indexed": "gemm_indexed", "grouped_contiguous": "gemm_contiguous", "grouped_masked": "gemm_masked"}[family]
+    return {range_name(op, sid) for sid in schedules.values()}
+
+
+def merge_rows(rows: list[dict], key: str) -> list[dict]:
+    """One row per name: torch.profiler reports a range twice, as the CPU-side annotation (which
+    carries the GPU time of the kernels launched in it) and as its projection on the GPU
+    timeline (no kernel time of its own); keep the larger count and time. Sorted by GPU time."""
+    by: dict = {}
+    for r in rows:
+        m = by.setdefault(r[key], {key: r[key], "calls": 0, "gpu_us_total": 0.0})
+        m["calls"] = max(m["calls"], int(r["calls"]))
+        m["gpu_us_total"] = max(m["gpu_us_total"], float(r["gpu_us_total"]))
+    out = sorted(by.values(), key=lambda r: -r["gpu_us_total"])
+    for r in out:
+        r["gpu_us_total"] = round(r["gpu_us_total"], 2)
+        r["gpu_us_per_call"] = round(r["gpu_us_total"] / max(r["calls"], 1), 2)
+    return out
+
+
+def _calls(scenario: str, family: str, suite=None, profile_file: str | None = None, seed: int = 0):
+    import torch
+
+    from chord.bench import inputs as I
+    from chord.bench.runner import ChordAPI, _chord_calls
+    from chord.bench.suite import load_suite
+    from chord.schedule import gpu_profile_name
+
+    suite_obj = load_suite(suite)
+    sc = suite_obj.scenario(scenario)
+    if family not in sc.families:
+        raise ValueError(f"capture: family must be one of {sc.families} for scenario {scenario}, got {family!r}")
+    dev = torch.device("cuda")
+    w = I.expert_weights(sc, seed, dev)
+    w13, w2 = ChordAPI.pack(w.q13, w.s13), ChordAPI.pack(w.q2, w.s2)
+    del w
+    data = I.scenario_data(sc, seed, dev)
+    fi = I.family_inputs(family, data)
+    prof = ChordAPI.profile(profile_file or gpu_profile_name(), sc.profile_deployment)
+    gate_up, down, _gu, _dn, info = _chord_calls(family, sc, data, fi, w13, w2, prof)
+    return gate_up, down, {"gate_up": info["schedule_gate_up"], "down": info["schedule_down"]}
+
+
+def run_calls(scenario: str, family: str, iters: int = 3, suite=None, profile_file: str | None = None,
+              calls=None) -> dict:
+    """Warm-up pair, then `iters` x (gate_up, down) with NVTX on; returns the schedule ids.
+    `calls`: (gate_up, down, schedules) already built by _calls (so a profiler around this
+    function sees no input preparation)."""
+    import torch
+
+    from chord import profiling
+
+    gate_up, down, schedules = calls if calls is not None else _calls(scenario, family, suite, profile_file)
+    was = profiling.nvtx_enabled()
+    profiling.enable_nvtx(True)
+    try:
+        gate_up()
+        down()
+        torch.cuda.synchronize()
+        with profiling.nvtx_range("profile", f"{scenario} {family}"):
+            for _ in range(iters):
+                gate_up()
+                down()
+            torch.cuda.synchronize()
+    finally:
+        profiling.enable_nvtx(was)
+    return schedules
+
+
+def _gpu_us(evt) -> float:
+    for name in ("device_time_total", "cuda_time_total"):
+        v = getattr(evt, name, None)
+        if v:
+            return float(v)
+    return 0.0
+
+
+def _self_gpu_us(evt) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        v = getattr(evt, name, None)
+        if v:
+            return float(v)
+    return 0.0
+
+
+def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file) -> Capture:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from chord import profiling
+
+    calls = _calls(scenario, family, suite, profile_file)
+    torch.cuda.synchronize()
+    profiling.record_function_ranges(True)
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            schedules = run_calls(scenario, family, iters, calls=calls)
+    finally:
+        profiling.record_function_ranges(False)
+    trace = out_dir / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    ranges, kernels = [], []
+    for evt in prof.key_averages():
+        if evt.key.startswith("chord/"):
+            total = _gpu_us(evt)
+            ranges.append({"range": evt.key, "calls": int(evt.count), "gpu_us_total": round(total, 2),
+                           "gpu_us_per_call": round(total / max(evt.count, 1), 2)})
+        elif _self_gpu_us(evt) > 0 and not evt.key.startswith(("cuda", "Memcpy", "Memset")):
+            total = _self_gpu_us(evt)
+            kernels.append({"kernel": evt.key, "calls": int(evt.count), "gpu_us_total": round(total, 2),
+                            "gpu_us_per_call": round(total / max(evt.count, 1), 2)})
+    ranges = merge_rows(ranges, "range")
+    kernels = merge_rows(kernels, "kernel")
+    torch.cuda.synchronize()
+    return Capture(scenario, family, "torch", iters, schedules, ranges, kernels, {"trace": str(trace)})
+
+
+def _self_command(scenario, family, iters, suite, profile_file) -> list[str]:
+    cmd = [sys.executable, "-m", "chord.cli", "profile", "--tool", "none", "--scenario", scenario,
+           "--family", family, "--iters", str(iters)]
+    if suite:
+        cmd += ["--suite", str(suite)]
+    if profile_file:
+        cmd += ["--profile", profile_file]
+    return cmd
+
+
+def _tool_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise CaptureError(f"{name} not found on PATH: install Nsight {'Systems' if name == 'nsys' else 'Compute'} "
+                           "or use tool='torch'")
+    return path
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    env = dict(os.environ, CHORD_NVTX="1")
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc:
+        tail = log.read_text()[-2000:]
+        raise CaptureError(f"{Path(cmd[0]).name} exited with {rc} (log {log}):\n{tail}")
+
+
+def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir: str | Path = "prof-out", *,
+            iters: int = 3, suite=None, profile_file: str | None = None, ncu_set: str = "basic") -> Capture:
+    """Capture `iters` gate_up + down pairs of one suite scenario with `tool` into `out_dir`."""
+    if tool not in TOOLS:
+        raise ValueError(f"capture: tool must be one of {TOOLS}, got {tool!r}")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"capture: iters must be a positive int, got {iters!r}")
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        raise CaptureError("capture: needs an sm_90 (Hopper) GPU; the recorded H200 captures are in "
+                           "chord/bench/results (chord.workbench.recorded_capture)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tool == "torch":
+        cap = _torch_capture(scenario, family, iters, out, suite, profile_file)
+    elif tool == "none":
+        schedules = run_calls(scenario, family, iters, suite, profile_file)
+        cap = Capture(scenario, family, "none", iters, schedules, [], [], {})
+    elif tool == "nsys":
+        nsys = _tool_binary("nsys")
+        rep = out / "report"
+        _run([nsys, "profile", "-t", "cuda,nvtx", "--force-overwrite", "true", "-o", str(rep),
+              *_self_command(scenario, family, iters, suite, profile_file)], out / "nsys.log")
+        cap = Capture(scenario, family, "nsys", iters, {}, [], [], {"report": str(rep) + ".nsys-rep",
+                                                                     "log": str(out / "nsys.log")})
+    else:
+        ncu = _tool_binary("ncu")
+        rep = out / "report"
+        # the warm-up pair's two launches are skipped; then every Chord kernel of the iterations
+        _run([ncu, "--clock-control", "none", "--nvtx", "--kernel-name", "chord_w4a16_kernel", "--launch-skip", "2",
+              "--launch-count", str(2 * iters), "--set", ncu_set, "--force-overwrite", "-o", str(rep),
+              *_self_command(scenario, family, iters, suite, profile_file)], out / "ncu.log")
+        with (out / "ncu.txt").open("w") as f:
+            subprocess.run([ncu, "--import", str(rep) + ".ncu-rep", "--print-summary", "per-kernel"], stdout=f,
+                           stderr=subprocess.STDOUT)
+        cap = Capture(scenario, family, "ncu", iters, {}, [], [], {"report": str(rep) + ".ncu-rep",
+                                                                    "summary": str(out / "ncu.txt")})
+    (out / "summary.json").write_text(json.dumps(cap.as_dict(), indent=1) + "\n")
+    cap.files["summary"] = str(out / "summary.json")
+    return cap

@@ -1,0 +1,100 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 — Profiling: NVTX-annotated captures of the very calls the bench times
+#
+# `chord profile` (library: `chord.capture`) runs one suite scenario's gate_up + down with the
+# bench's inputs, routing and schedules, with NVTX on: every launch sits in a range named
+# `chord/<op>[<schedule id>]`, so a Nsight Systems timeline or a Nsight Compute report names the
+# schedule of each kernel. Three tools: `torch` (torch.profiler in-process, Chrome trace + a
+# summary), `nsys` and `ncu` (Nsight in a subprocess). Without a GPU this notebook shows the
+# committed H200 capture and the commands to take one.
+
+# %% tags=["parameters"]
+QUICK = True
+SCENARIO = "ep8-prefill-tok128"
+FAMILY = "indexed"
+
+# %%
+import tempfile
+
+from chord import capture
+from chord.workbench import decision_row, gpu_available, recorded_capture
+from chord.workbench import figures
+
+print("capture tools:", ", ".join(capture.TOOLS))
+for tool in ("torch", "nsys", "ncu"):
+    print(f"  chord profile --scenario {SCENARIO} --family {FAMILY} --tool {tool} --out prof-{tool}")
+
+# %% [markdown]
+# ## Which schedules the capture will show (the one decision, whoever calls)
+
+# %%
+import ipywidgets as W
+
+from chord.bench.suite import load_suite
+
+suite = load_suite()
+scen = W.Dropdown(options=[s.id for s in suite.scenarios], value=SCENARIO, description="scenario")
+out = W.Output()
+
+
+def show(_=None):
+    sc = suite.scenario(scen.value)
+    dep = "tp8" if sc.deployment == "TP8" else "ep8"
+    out.clear_output()
+    with out:
+        for gemm in ("gate_up", "down"):
+            r = decision_row(dep, FAMILY, gemm, sc.rows_per_expert)
+            print(f"{sc.id:20s} {gemm:8s} {r['schedule']:40s} {r['reason']}")
+
+
+scen.observe(show, names="value")
+show()
+W.VBox([scen, out])
+
+# %% [markdown]
+# ## The capture: live on an H200, else the committed one
+
+# %%
+if gpu_available():
+    cap = capture.capture(SCENARIO, FAMILY, tool="torch", out_dir=tempfile.mkdtemp(prefix="chord-prof-"),
+                          iters=2 if QUICK else 5).as_dict()
+    print("live capture:", cap["files"])
+else:
+    cap = recorded_capture(SCENARIO, FAMILY)
+    print(f"recorded capture chord/bench/results/{cap['file']} (no sm_90 GPU here)")
+for r in cap["ranges"]:
+    print(f"{r['range']:64s} {r['calls']:3d} calls {r['gpu_us_per_call']:10.1f} us GPU per call")
+for r in cap["kernels"][:6]:
+    print(f"kernel {r['kernel'][:58]:58s} {r['calls']:3d} calls {r['gpu_us_per_call']:10.1f} us per call")
+figures.capture_figure(cap)
+
+# %% [markdown]
+# ## Invariant
+# Every Chord range of the capture is one of the two schedules the selection policy picks for
+# this scenario (`chord.capture.expected_ranges`), each GEMM range ran once per iteration plus
+# the warm-up, and the GEMM kernels' GPU time is inside the ranges (the ranges' time covers it).
+
+# %%
+got = {r["range"] for r in cap["ranges"] if not r["range"].startswith("chord/profile")}
+want = capture.expected_ranges(cap["family"], cap["schedules"])
+assert got == want, (got, want)
+per_range_calls = {r["range"]: r["calls"] for r in cap["ranges"]}
+for name in want:
+    n_sched = sum(1 for sid in cap["schedules"].values() if name.endswith(f"[{sid}]"))
+    assert per_range_calls[name] == n_sched * (cap["iters"] + 1), (name, per_range_calls[name])
+gemm_kernels = sum(r["gpu_us_total"] for r in cap["kernels"] if r["kernel"] == "chord_w4a16_kernel")
+in_ranges = sum(r["gpu_us_total"] for r in cap["ranges"] if r["range"] in want)
+assert gemm_kernels > 0 and abs(in_ranges - gemm_kernels) <= 0.05 * gemm_kernels, (in_ranges, gemm_kernels)
+print("capture invariants hold:", sorted(got))

@@ -1,0 +1,82 @@
+"""chord.capture / `chord profile` host logic (the captures themselves run on the H200)."""
+import pytest
+import torch
+
+from chord import capture
+from chord.cli import main
+from chord.profiling import range_name
+
+
+def test_expected_ranges_name_the_schedules():
+    got = capture.expected_ranges("indexed", {"gate_up": "idx-m8n256k64-w4-s8-c1", "down": "idx-m8n128k64-w4-s6-c1"})
+    assert got == {range_name("gemm_indexed", "idx-m8n256k64-w4-s8-c1"),
+                   range_name("gemm_indexed", "idx-m8n128k64-w4-s6-c1")}
+    assert capture.expected_ranges("grouped_masked", {"gate_up": "a", "down": "a"}) == {"chord/gemm_masked[a]"}
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(tool="perf"), ValueError, "tool must be one of"),
+    (dict(iters=0), ValueError, "iters must be a positive int"),
+    (dict(iters=True), ValueError, "iters must be a positive int"),
+])
+def test_bad_arguments_are_named(kw, exc, msg, tmp_path):
+    with pytest.raises(exc, match=msg):
+        capture.capture("tp8-m1", "indexed", out_dir=tmp_path, **kw)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_without_a_gpu_the_capture_says_where_the_recorded_ones_are(tmp_path, capsys):
+    with pytest.raises(capture.CaptureError, match="needs an sm_90"):
+        capture.capture("tp8-m1", "indexed", out_dir=tmp_path)
+    assert main(["profile", "--scenario", "tp8-m1", "--out", str(tmp_path)]) == 2
+    assert "recorded H200 captures" in capsys.readouterr().err
+
+
+def test_missing_profiler_binary_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(capture.shutil, "which", lambda name: None)
+    with pytest.raises(capture.CaptureError, match="nsys not found on PATH"):
+        capture._tool_binary("nsys")
+
+
+def test_record_function_mirror_is_off_unless_a_capture_turns_it_on():
+    from chord import profiling
+
+    assert profiling._record_function is False
+    profiling.record_function_ranges(True)
+    try:
+        with profiling.nvtx_range("gemm_indexed", "x"):  # NVTX off: a no-op either way
+            pass
+    finally:
+        profiling.record_function_ranges(False)
+
+
+def test_capture_figure_and_the_recorded_capture_agree():
+    from chord.workbench import figures, recorded_capture
+
+    cap = recorded_capture()
+    fig = figures.capture_figure(cap)
+    names = list(fig.data[0].x)
+    assert names and all(n.startswith("chord/gemm_") for n in names)
+    assert set(names) == capture.expected_ranges(cap["family"], cap["schedules"])
+
+
+def test_nvtx_package_ranges_use_its_public_functions(monkeypatch):
+    """With the `nvtx` package installed the ranges go through nvtx.push_range / pop_range in
+    the `chord` domain (0.2.17 has no top-level EventAttributes: the old code crashed)."""
+    import sys
+    import types
+
+    from chord import profiling
+
+    calls = []
+    fake = types.ModuleType("nvtx")
+    fake.get_domain = lambda name: name
+    fake.push_range = lambda message=None, domain=None, **kw: calls.append(("push", message, domain))
+    fake.pop_range = lambda domain=None: calls.append(("pop", domain))
+    monkeypatch.setitem(sys.modules, "nvtx", fake)
+    monkeypatch.setattr(profiling, "_backend", None)
+    monkeypatch.setattr(profiling, "_enabled", True)
+    with profiling.nvtx_range("gemm_indexed", "idx-m8n128k64-w4-s4-c1"):
+        calls.append("body")
+    assert calls == [("push", "chord/gemm_indexed[idx-m8n128k64-w4-s4-c1]", "chord"), "body", ("pop", "chord")]
+    monkeypatch.setattr(profiling, "_backend", None)
