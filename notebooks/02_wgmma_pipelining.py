@@ -96,6 +96,24 @@ else:
     print("no sm_90 GPU here: nothing timed live (the recorded tuning run above is from an H200)")
 
 # %% [markdown]
+# ## NVTX capture of these calls
+# The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
+# range: live with torch.profiler on an H200, else the committed capture when there is one, and
+# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+
+# %%
+from chord.workbench import figures as _capture_figures
+from chord.workbench.captures import capture_or_recorded
+
+_cap, _where = capture_or_recorded(SCENARIO, FAMILY)
+print(_where)
+if _cap is not None:
+    for _r in _cap["ranges"]:
+        print(f"{_r['range']:64s} {_r['calls']:3d} calls {_r['gpu_us_per_call']:10.1f} us GPU per call")
+_cap_fig = _capture_figures.capture_figure(_cap) if _cap is not None else None
+_cap_fig
+
+# %% [markdown]
 # ## Invariant
 # Batched `wait_group 1` and the raster change when the tensor cores run, never what they
 # compute: switching either off gives the same schedule otherwise, and live, the same bits.

@@ -67,6 +67,24 @@ for cell in pivot(res):
           f"{100 * rate / ceil.copy_TB_per_s:6.1f}% {h or float('nan'):10.1f} {wbytes / h / 1e6 if h else float('nan'):6.2f}")
 
 # %% [markdown]
+# ## NVTX capture of these calls
+# The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
+# range: live with torch.profiler on an H200, else the committed capture when there is one, and
+# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+
+# %%
+from chord.workbench import figures as _capture_figures
+from chord.workbench.captures import capture_or_recorded
+
+_cap, _where = capture_or_recorded("ep8-decode-tok4", "grouped_masked")
+print(_where)
+if _cap is not None:
+    for _r in _cap["ranges"]:
+        print(f"{_r['range']:64s} {_r['calls']:3d} calls {_r['gpu_us_per_call']:10.1f} us GPU per call")
+_cap_fig = _capture_figures.capture_figure(_cap) if _cap is not None else None
+_cap_fig
+
+# %% [markdown]
 # ## Invariant
 # No measured rate exceeds what HBM can deliver (reads alone run about 4 % above the copy
 # ceiling, so 10 % is the physical margin), and the floors agree with the bytes counted here.

@@ -69,6 +69,24 @@ for r in rows:
 figures.ablation_figure(rows, ["BN=128", "BN=256"], "fastest schedule per block_n and GEMM (H200, chord tune)")
 
 # %% [markdown]
+# ## NVTX capture of these calls
+# The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
+# range: live with torch.profiler on an H200, else the committed capture when there is one, and
+# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+
+# %%
+from chord.workbench import figures as _capture_figures
+from chord.workbench.captures import capture_or_recorded
+
+_cap, _where = capture_or_recorded("ep8-prefill-tok512" if DEPLOYMENT == "ep8" else "tp8-m16384", FAMILY)
+print(_where)
+if _cap is not None:
+    for _r in _cap["ranges"]:
+        print(f"{_r['range']:64s} {_r['calls']:3d} calls {_r['gpu_us_per_call']:10.1f} us GPU per call")
+_cap_fig = _capture_figures.capture_figure(_cap) if _cap is not None else None
+_cap_fig
+
+# %% [markdown]
 # ## Invariant
 # The predicted waves cover every tile exactly once (no tile lost or counted twice), and BN=256
 # never has more waves than BN=128 for the same block_m.

@@ -62,6 +62,24 @@ for scen, fams in by.items():
         print(f"{scen:20s} {a:10.1f} {b:10.1f} {other[0]:18s} {b / a:15.2f}")
 
 # %% [markdown]
+# ## NVTX capture of these calls
+# The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
+# range: live with torch.profiler on an H200, else the committed capture when there is one, and
+# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+
+# %%
+from chord.workbench import figures as _capture_figures
+from chord.workbench.captures import capture_or_recorded
+
+_cap, _where = capture_or_recorded("ep8-prefill-tok128", "grouped_contiguous")
+print(_where)
+if _cap is not None:
+    for _r in _cap["ranges"]:
+        print(f"{_r['range']:64s} {_r['calls']:3d} calls {_r['gpu_us_per_call']:10.1f} us GPU per call")
+_cap_fig = _capture_figures.capture_figure(_cap) if _cap is not None else None
+_cap_fig
+
+# %% [markdown]
 # ## Invariant
 # The three layouts hold exactly the routed rows: contiguous offsets end at M * top_k, masked
 # counts sum to it, and indexed pads each expert to whole blocks of its block size.
