@@ -77,23 +77,11 @@ def merge_rows(rows: list[dict], key: str) -> list[dict]:
 
 
 def _calls(scenario: str, family: str, suite=None, profile_file: str | None = None, seed: int = 0):
-    import torch
-
     from chord.bench import inputs as I
     from chord.bench.runner import ChordAPI, _chord_calls
-    from chord.bench.suite import load_suite
     from chord.schedule import gpu_profile_name
 
-    suite_obj = load_suite(suite)
-    sc = suite_obj.scenario(scenario)
-    if family not in sc.families:
-        raise ValueError(f"capture: family must be one of {sc.families} for scenario {scenario}, got {family!r}")
-    dev = torch.device("cuda")
-    w = I.expert_weights(sc, seed, dev)
-    w13, w2 = ChordAPI.pack(w.q13, w.s13), ChordAPI.pack(w.q2, w.s2)
-    del w
-    data = I.scenario_data(sc, seed, dev)
-    fi = I.family_inputs(family, data)
+    sc, w13, w2, data, fi = I.one_scenario(suite, scenario, family, seed, "cuda", who="capture")
     prof = ChordAPI.profile(profile_file or gpu_profile_name(), sc.profile_deployment)
     gate_up, down, _gu, _dn, info = _chord_calls(family, sc, data, fi, w13, w2, prof)
     return gate_up, down, {"gate_up": info["schedule_gate_up"], "down": info["schedule_down"]}
@@ -125,16 +113,10 @@ def run_calls(scenario: str, family: str, iters: int = 3, suite=None, profile_fi
     return schedules
 
 
-def _gpu_us(evt) -> float:
-    for name in ("device_time_total", "cuda_time_total"):
-        v = getattr(evt, name, None)
-        if v:
-            return float(v)
-    return 0.0
-
-
-def _self_gpu_us(evt) -> float:
-    for name in ("self_device_time_total", "self_cuda_time_total"):
+def _gpu_us(evt, self_only: bool = False) -> float:
+    """GPU microseconds of a key_averages() event (torch renamed cuda_* to device_*)."""
+    names = ("self_device_time_total", "self_cuda_time_total") if self_only else ("device_time_total", "cuda_time_total")
+    for name in names:
         v = getattr(evt, name, None)
         if v:
             return float(v)
@@ -163,8 +145,8 @@ def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file) 
             total = _gpu_us(evt)
             ranges.append({"range": evt.key, "calls": int(evt.count), "gpu_us_total": round(total, 2),
                            "gpu_us_per_call": round(total / max(evt.count, 1), 2)})
-        elif _self_gpu_us(evt) > 0 and not evt.key.startswith(("cuda", "Memcpy", "Memset")):
-            total = _self_gpu_us(evt)
+        elif _gpu_us(evt, self_only=True) > 0 and not evt.key.startswith(("cuda", "Memcpy", "Memset")):
+            total = _gpu_us(evt, self_only=True)
             kernels.append({"kernel": evt.key, "calls": int(evt.count), "gpu_us_total": round(total, 2),
                             "gpu_us_per_call": round(total / max(evt.count, 1), 2)})
     ranges = merge_rows(ranges, "range")

@@ -247,9 +247,7 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
     """
     import torch
 
-    from chord import formats
     from chord.bench import inputs as I
-    from chord.bench.suite import load_suite
     from chord.bench.timing import bench
     from chord.testing import rel_err, same_bits
 
@@ -258,15 +256,7 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
         raise ValueError("time_schedules: schedules must name at least one schedule")
     if gemm not in ("gate_up", "down"):
         raise ValueError(f"time_schedules: gemm must be 'gate_up' or 'down', got {gemm!r}")
-    sc = load_suite(suite_path).scenario(scenario_id)
-    if family not in sc.families:
-        raise ValueError(f"time_schedules: scenario {scenario_id} runs families {sc.families}, got {family!r}")
-    dev = torch.device("cuda")
-    ew = I.expert_weights(sc, seed, dev)
-    w13, w2 = formats.pack_experts(ew.q13, ew.s13), formats.pack_experts(ew.q2, ew.s2)
-    del ew
-    data = I.scenario_data(sc, seed, dev)
-    fi = I.family_inputs(family, data)
+    sc, w13, w2, data, fi = I.one_scenario(suite_path, scenario_id, family, seed, "cuda", who="time_schedules")
     out_rows = []
     for g, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2):
         if g != gemm:

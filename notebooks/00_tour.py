@@ -113,16 +113,9 @@ pct_fig
 # the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench import figures as _capture_figures
-from chord.workbench.captures import capture_or_recorded
+from chord.workbench.captures import show_capture
 
-_cap, _where = capture_or_recorded("ep8-prefill-tok128", "indexed")
-print(_where)
-if _cap is not None:
-    for _r in _cap["ranges"]:
-        print(f"{_r['range']:64s} {_r['calls']:3d} calls {_r['gpu_us_per_call']:10.1f} us GPU per call")
-_cap_fig = _capture_figures.capture_figure(_cap) if _cap is not None else None
-_cap_fig
+show_capture("ep8-prefill-tok128", "indexed")
 
 # %% [markdown]
 # ## Invariant

@@ -75,16 +75,9 @@ figures.ablation_figure(rows, ["BN=128", "BN=256"], "fastest schedule per block_
 # the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench import figures as _capture_figures
-from chord.workbench.captures import capture_or_recorded
+from chord.workbench.captures import show_capture
 
-_cap, _where = capture_or_recorded("ep8-prefill-tok512" if DEPLOYMENT == "ep8" else "tp8-m16384", FAMILY)
-print(_where)
-if _cap is not None:
-    for _r in _cap["ranges"]:
-        print(f"{_r['range']:64s} {_r['calls']:3d} calls {_r['gpu_us_per_call']:10.1f} us GPU per call")
-_cap_fig = _capture_figures.capture_figure(_cap) if _cap is not None else None
-_cap_fig
+show_capture("ep8-prefill-tok512" if DEPLOYMENT == "ep8" else "tp8-m16384", FAMILY)
 
 # %% [markdown]
 # ## Invariant

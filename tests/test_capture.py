@@ -80,3 +80,10 @@ def test_nvtx_package_ranges_use_its_public_functions(monkeypatch):
         calls.append("body")
     assert calls == [("push", "chord/gemm_indexed[idx-m8n128k64-w4-s4-c1]", "chord"), "body", ("pop", "chord")]
     monkeypatch.setattr(profiling, "_backend", None)
+
+
+def test_a_family_the_scenario_does_not_run_is_named_before_any_work():
+    from chord.bench import inputs as I
+
+    with pytest.raises(ValueError, match="capture: scenario tp8-m1 runs families"):
+        I.one_scenario(None, "tp8-m1", "grouped_masked", who="capture")

@@ -184,6 +184,24 @@ def family_inputs(family: str, data: ScenarioData, *, contiguous_alignment: int 
     raise ValueError(f"unknown family {family!r}")
 
 
+def one_scenario(suite_path, scenario_id: str, family: str, base_seed: int = 0, device: torch.device | str = "cuda",
+                 who: str = "scenario"):
+    """(scenario, packed w13, packed w2, ScenarioData, FamilyInputs) of one suite scenario and
+    family: what `chord tune`'s time_schedules and `chord profile` run (the bench's inputs)."""
+    from chord import formats
+    from chord.bench.suite import load_suite
+
+    sc = load_suite(suite_path).scenario(scenario_id)
+    if family not in sc.families:
+        raise ValueError(f"{who}: scenario {scenario_id} runs families {sc.families}, got {family!r}")
+    dev = torch.device(device)
+    ew = expert_weights(sc, base_seed, dev)
+    w13, w2 = formats.pack_experts(ew.q13, ew.s13), formats.pack_experts(ew.q2, ew.s2)
+    del ew
+    data = scenario_data(sc, base_seed, dev)
+    return sc, w13, w2, data, family_inputs(family, data)
+
+
 def sample_routes(rows: int, max_rows: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Sorted int64 route ids to check: all of them when ``rows <= max_rows``, else a random subset."""
     if rows <= max_rows:

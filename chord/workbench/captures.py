@@ -32,3 +32,17 @@ def capture_or_recorded(scenario: str, family: str = "indexed", iters: int = 2) 
     except FileNotFoundError:
         return None, f"no sm_90 GPU here and no committed capture of {scenario} {family}; {how}"
     return cap, f"recorded H200 capture chord/bench/results/{cap['file']} (no sm_90 GPU here); {how}"
+
+
+def show_capture(scenario: str, family: str = "indexed", iters: int = 2):
+    """The capture cell of a notebook: prints where the capture comes from and its ranges, and
+    returns the figure of GPU time per range (None when there is no capture to show)."""
+    from chord.workbench.figures import capture_figure
+
+    cap, where = capture_or_recorded(scenario, family, iters)
+    print(where)
+    if cap is None:
+        return None
+    for r in cap["ranges"]:
+        print(f"{r['range']:64s} {r['calls']:3d} calls {r['gpu_us_per_call']:10.1f} us GPU per call")
+    return capture_figure(cap)
