@@ -14,10 +14,14 @@ Tools:
 * ``torch``: torch.profiler (CPU + CUDA activity) in this process; writes ``trace.json`` (Chrome
   trace, opens in Perfetto) and ``summary.json``. The NVTX ranges are mirrored as
   record_function ranges, which torch.profiler does see.
-* ``nsys``: ``nsys profile -t cuda,nvtx`` over ``chord profile --tool none`` in a subprocess;
-  writes ``report.nsys-rep``.
+* ``nsys``: ``nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi`` over ``chord profile
+  --tool none`` in a subprocess (the warm-up pair runs before cudaProfilerStart); writes
+  ``report.nsys-rep`` and ``nsys-stats.txt`` (``nsys stats``: NVTX ranges and kernels). Not
+  validated on the H200 yet: nsys is not installed on the device machine (PATH, $CUDA_HOME and
+  the usual Nsight folders are searched: :func:`find_tool`).
 * ``ncu``: ``ncu --nvtx --clock-control none`` on the captured iterations' Chord kernels in a
-  subprocess (``--set`` chooses the sections); writes ``report.ncu-rep`` and ``ncu.txt``.
+  subprocess (``--set`` chooses the sections); writes ``report.ncu-rep`` and ``ncu.txt`` (the
+  per-kernel summary). Validated on the H200 (2026-12-01, ``/usr/local/cuda/bin/ncu``).
 * ``none``: only runs the calls (what the nsys/ncu subprocesses run).
 """
 from __future__ import annotations
@@ -103,11 +107,15 @@ def run_calls(scenario: str, family: str, iters: int = 3, suite=None, profile_fi
         gate_up()
         down()
         torch.cuda.synchronize()
-        with profiling.nvtx_range("profile", f"{scenario} {family}"):
-            for _ in range(iters):
-                gate_up()
-                down()
-            torch.cuda.synchronize()
+        torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi: the warm-up stays outside
+        try:
+            with profiling.nvtx_range("profile", f"{scenario} {family}"):
+                for _ in range(iters):
+                    gate_up()
+                    down()
+                torch.cuda.synchronize()
+        finally:
+            torch.cuda.profiler.stop()
     finally:
         profiling.enable_nvtx(was)
     return schedules
@@ -165,11 +173,37 @@ def _self_command(scenario, family, iters, suite, profile_file) -> list[str]:
     return cmd
 
 
-def _tool_binary(name: str) -> str:
+# where Nsight installs itself besides PATH (the CUDA toolkit's bundled copies, the standalone
+# installers); the newest version wins
+_TOOL_GLOBS = {
+    "nsys": ("{cuda}/bin/nsys", "{cuda}/nsight-systems-*/bin/nsys", "/usr/local/cuda*/nsight-systems-*/bin/nsys",
+             "/opt/nvidia/nsight-systems/*/bin/nsys", "/usr/lib/nsight-systems/bin/nsys"),
+    "ncu": ("{cuda}/bin/ncu", "{cuda}/nsight-compute-*/ncu", "/usr/local/cuda*/nsight-compute-*/ncu",
+            "/opt/nvidia/nsight-compute/*/ncu", "/usr/lib/nsight-compute/ncu"),
+}
+
+
+def find_tool(name: str) -> str | None:
+    """Path of `nsys` / `ncu`: PATH first, then $CUDA_HOME (or /usr/local/cuda) and the usual
+    install folders, newest version first; None when there is none."""
+    import glob
+
     path = shutil.which(name)
+    if path:
+        return path
+    cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    for pattern in _TOOL_GLOBS[name]:
+        hits = sorted((p for p in glob.glob(pattern.format(cuda=cuda)) if os.access(p, os.X_OK)), reverse=True)
+        if hits:
+            return hits[0]
+    return None
+
+
+def _tool_binary(name: str) -> str:
+    path = find_tool(name)
     if path is None:
-        raise CaptureError(f"{name} not found on PATH: install Nsight {'Systems' if name == 'nsys' else 'Compute'} "
-                           "or use tool='torch'")
+        raise CaptureError(f"{name} not found on PATH, in $CUDA_HOME or the usual Nsight install folders: install "
+                           f"Nsight {'Systems' if name == 'nsys' else 'Compute'} or use tool='torch'")
     return path
 
 
@@ -204,9 +238,14 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
     elif tool == "nsys":
         nsys = _tool_binary("nsys")
         rep = out / "report"
-        _run([nsys, "profile", "-t", "cuda,nvtx", "--force-overwrite", "true", "-o", str(rep),
+        _run([nsys, "profile", "-t", "cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+              "--force-overwrite", "true", "-o", str(rep),
               *_self_command(scenario, family, iters, suite, profile_file)], out / "nsys.log")
-        cap = Capture(scenario, family, "nsys", iters, {}, [], [], {"report": str(rep) + ".nsys-rep",
+        with (out / "nsys-stats.txt").open("w") as f:  # the kernel and NVTX tables of the report
+            subprocess.run([nsys, "stats", "--report", "nvtx_sum,cuda_gpu_kern_sum", str(rep) + ".nsys-rep"],
+                           stdout=f, stderr=subprocess.STDOUT)
+        cap = Capture(scenario, family, "nsys", iters, {}, [], [], {"tool": nsys, "report": str(rep) + ".nsys-rep",
+                                                                     "stats": str(out / "nsys-stats.txt"),
                                                                      "log": str(out / "nsys.log")})
     else:
         ncu = _tool_binary("ncu")
@@ -218,7 +257,7 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
         with (out / "ncu.txt").open("w") as f:
             subprocess.run([ncu, "--import", str(rep) + ".ncu-rep", "--print-summary", "per-kernel"], stdout=f,
                            stderr=subprocess.STDOUT)
-        cap = Capture(scenario, family, "ncu", iters, {}, [], [], {"report": str(rep) + ".ncu-rep",
+        cap = Capture(scenario, family, "ncu", iters, {}, [], [], {"tool": ncu, "report": str(rep) + ".ncu-rep",
                                                                     "summary": str(out / "ncu.txt")})
     (out / "summary.json").write_text(json.dumps(cap.as_dict(), indent=1) + "\n")
     cap.files["summary"] = str(out / "summary.json")

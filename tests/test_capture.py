@@ -34,6 +34,7 @@ def test_without_a_gpu_the_capture_says_where_the_recorded_ones_are(tmp_path, ca
 
 def test_missing_profiler_binary_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(capture.shutil, "which", lambda name: None)
+    monkeypatch.setattr(capture, "_TOOL_GLOBS", {"nsys": (), "ncu": ()})
     with pytest.raises(capture.CaptureError, match="nsys not found on PATH"):
         capture._tool_binary("nsys")
 
@@ -87,3 +88,17 @@ def test_a_family_the_scenario_does_not_run_is_named_before_any_work():
 
     with pytest.raises(ValueError, match="capture: scenario tp8-m1 runs families"):
         I.one_scenario(None, "tp8-m1", "grouped_masked", who="capture")
+
+
+def test_tools_are_found_outside_path(monkeypatch, tmp_path):
+    """nsys lives outside PATH on the GPU machine: $CUDA_HOME and the install folders count."""
+    monkeypatch.setattr(capture.shutil, "which", lambda name: None)
+    for v in ("2024.5.1", "2025.1.1"):
+        d = tmp_path / f"nsight-systems-{v}" / "bin"
+        d.mkdir(parents=True)
+        (d / "nsys").write_text("#!/bin/sh\n")
+        (d / "nsys").chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert capture.find_tool("nsys") == str(tmp_path / "nsight-systems-2025.1.1" / "bin" / "nsys")
+    monkeypatch.setattr(capture, "_TOOL_GLOBS", {"nsys": (str(tmp_path / "none" / "nsys"),), "ncu": ()})
+    assert capture.find_tool("nsys") is None
