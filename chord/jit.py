@@ -18,6 +18,7 @@ Environment variables (see README): ``CHORD_CACHE_DIR``, ``CHORD_NVCC``, ``CHORD
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -27,6 +28,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -158,9 +160,14 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
     cubin = out_dir / f"{safe}-{key}.cubin"
     log_path = cubin.with_suffix(".log")
     if cubin.exists():
-        log = log_path.read_text() if log_path.exists() else ""
-        regs, spills = _parse_ptxas(log)
-        return BuildResult(cubin, True, regs, spills, log)
+        if _intact(cubin):
+            log = log_path.read_text() if log_path.exists() else ""
+            regs, spills = _parse_ptxas(log)
+            return BuildResult(cubin, True, regs, spills, log)
+        warnings.warn(f"chord: cached kernel {cubin} is damaged (not an ELF image, or its bytes differ from the "
+                      "digest written with it); rebuilding it", RuntimeWarning, stacklevel=2)
+        with contextlib.suppress(OSError):
+            cubin.unlink()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -181,9 +188,16 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
                 raise JitError(f"{name}: ptxas reports {spills} bytes of register spills (CHORD_PTXAS_CHECK=1)\n{log}")
             if _WGMMA_SERIALIZED in log:
                 raise JitError(f"{name}: ptxas serialized the wgmma instructions (CHORD_PTXAS_CHECK=1)\n{log}")
-        # Atomic publish: concurrent builders of the same key write identical bytes.
-        staged = out_dir / f".{cubin.name}.{os.getpid()}.{threading.get_ident()}"
+        # Atomic publish: concurrent builders of one key each rename a complete file into place
+        # (their bytes may differ in embedded temp paths, both are valid builds); the digest
+        # goes first. A reader racing between the two renames sees a digest of the other
+        # builder's cubin, treats the entry as damaged and rebuilds: slower, never wrong.
+        tag = f"{os.getpid()}.{threading.get_ident()}"
+        staged = out_dir / f".{cubin.name}.{tag}"
         shutil.copyfile(tmp_cubin, staged)
+        staged_digest = out_dir / f".{cubin.name}.sha256.{tag}"
+        staged_digest.write_text(hashlib.sha256(staged.read_bytes()).hexdigest() + "\n")
+        os.replace(staged_digest, _digest_path(cubin))
         log_path.write_text(log)
         os.replace(staged, cubin)
     if flag("CHORD_DUMP_SASS"):
@@ -192,6 +206,29 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
 
 
 _WGMMA_SERIALIZED = "wgmma.mma_async instructions are serialized"
+
+
+def _digest_path(cubin: Path) -> Path:
+    return cubin.with_suffix(".sha256")
+
+
+def _intact(cubin: Path) -> bool:
+    """A cached cubin is used only when it is an ELF image whose bytes match the digest written
+    with it (a cache from before digests: the ELF check alone). A truncated or overwritten file
+    is rebuilt instead of failing in cuModuleLoadData at launch."""
+    try:
+        data = cubin.read_bytes()
+    except OSError:
+        return False
+    if data[:4] != b"\x7fELF":
+        return False
+    digest = _digest_path(cubin)
+    if not digest.exists():
+        return True
+    try:
+        return digest.read_text().strip() == hashlib.sha256(data).hexdigest()
+    except OSError:
+        return False
 
 
 def _parse_ptxas(log: str) -> tuple[int | None, int]:

@@ -95,3 +95,40 @@ def test_bad_ptxas_check_value_is_an_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv("CHORD_PTXAS_CHECK", "maybe")
     with pytest.raises(ValueError, match="CHORD_PTXAS_CHECK"):
         jit.build_schedule(Schedule("indexed", 8, 64, 4, 4, 1))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("damage", ["truncate", "overwrite", "digest"])
+def test_a_damaged_cache_entry_is_rebuilt(tmp_path, monkeypatch, damage):
+    """A truncated or overwritten cubin (disk full, a killed copy, a stray edit) is rebuilt, with
+    a warning, instead of failing in cuModuleLoadData at the first launch."""
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(tmp_path))
+    src = "extern \"C\" __global__ void k(int* p) { p[threadIdx.x] = 1; }\n"
+    first = jit.build(src, name="tiny")
+    good = first.cubin.read_bytes()
+    assert not first.cached and good[:4] == b"\x7fELF"
+    assert jit.build(src, name="tiny").cached
+    if damage == "truncate":
+        first.cubin.write_bytes(good[: len(good) // 2])
+    elif damage == "overwrite":
+        first.cubin.write_bytes(b"\0" * len(good))
+    else:
+        first.cubin.with_suffix(".sha256").write_text("0" * 64 + "\n")
+    with pytest.warns(RuntimeWarning, match="damaged"):
+        again = jit.build(src, name="tiny")
+    assert not again.cached and jit._intact(again.cubin) and len(again.cubin.read_bytes()) == len(good)
+    assert jit.build(src, name="tiny").cached
+
+
+@needs_nvcc
+def test_concurrent_builders_of_one_kernel_all_get_an_intact_cubin(tmp_path, monkeypatch):
+    """Threads (and processes: the publish is a rename) racing to build the same key."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(tmp_path))
+    src = "extern \"C\" __global__ void k2(float* p) { p[threadIdx.x] *= 2.f; }\n"
+    with ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(lambda _: jit.build(src, name="race"), range(4)))
+    assert len({r.cubin for r in results}) == 1
+    assert jit._intact(results[0].cubin)
+    assert not list((tmp_path / "cubin").glob(".*")), "staged files left behind"
