@@ -126,6 +126,18 @@ def _require_group_size(fn: str, group_size: int) -> None:
         )
 
 
+def _check_scales_finite(fn: str, name: str, scales: torch.Tensor) -> None:
+    """A NaN or Inf group scale (a damaged checkpoint) would turn every output row that touches
+    its group into NaN/Inf without an error: refused at load, with the first bad [e, n, group]."""
+    if scales.numel() == 0 or scales.device.type == "meta":
+        return
+    bad = ~torch.isfinite(scales)
+    if bool(bad.any()):
+        first = [int(i) for i in bad.nonzero()[0].tolist()]
+        raise ValueError(f"{_fn_arg(fn, name)} holds {int(bad.sum())} non-finite group scales (NaN or Inf), "
+                         f"the first at index {first}")
+
+
 def _check_q_range(fn: str, name: str, q: torch.Tensor) -> None:
     """Raise if any code is outside [-8, 7] (one device reduction; load time only)."""
     if q.numel() == 0 or q.device.type == "meta":
@@ -574,6 +586,7 @@ def pack_experts(
             f"{_fn_arg(fn, 'scales')} must have shape {(e, n, k // GROUP_SIZE)} ([E, N, K/32]), got {tuple(scales.shape)}"
         )
     _check_q_range(fn, "q", q)
+    _check_scales_finite(fn, "scales", scales)
 
     nt, kb = n // 16, k // 64
     qweight = torch.empty((e, nt, kb, 32, 4), dtype=torch.int32, device=q.device)

@@ -374,3 +374,15 @@ def test_pack_on_cuda_matches_cpu():
     w = F.pack_compressed_tensors(q)
     p2 = F.pack_experts_from_compressed_tensors(w.cuda(), s.cuda(), (48, 192))
     assert torch.equal(p2.qweight.cpu(), p_cpu.qweight)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_pack_experts_refuses_non_finite_scales(bad):
+    """A damaged checkpoint's NaN/Inf scale would poison outputs silently: refused at load."""
+    from chord import formats as F
+
+    q = torch.ones(2, 16, 64, dtype=torch.int8)
+    s = torch.ones(2, 16, 2, dtype=torch.bfloat16)
+    s[1, 3, 1] = bad
+    with pytest.raises(ValueError, match=r"scales.*1 non-finite group scales.*\[1, 3, 1\]"):
+        F.pack_experts(q, s)
