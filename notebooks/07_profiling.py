@@ -26,15 +26,13 @@ SCENARIO = "ep8-prefill-tok128"
 FAMILY = "indexed"
 
 # %%
-import tempfile
-
 from chord import capture
-from chord.workbench import decision_row, gpu_available, recorded_capture
-from chord.workbench import figures
+from chord.workbench import decision_row, figures
+from chord.workbench.captures import capture_or_recorded, profile_commands
 
 print("capture tools:", ", ".join(capture.TOOLS))
-for tool in ("torch", "nsys", "ncu"):
-    print(f"  chord profile --scenario {SCENARIO} --family {FAMILY} --tool {tool} --out prof-{tool}")
+for cmd in profile_commands(SCENARIO, FAMILY):
+    print(" ", cmd)
 
 # %% [markdown]
 # ## Which schedules the capture will show (the one decision, whoever calls)
@@ -67,13 +65,8 @@ W.VBox([scen, out])
 # ## The capture: live on an H200, else the committed one
 
 # %%
-if gpu_available():
-    cap = capture.capture(SCENARIO, FAMILY, tool="torch", out_dir=tempfile.mkdtemp(prefix="chord-prof-"),
-                          iters=2 if QUICK else 5).as_dict()
-    print("live capture:", cap["files"])
-else:
-    cap = recorded_capture(SCENARIO, FAMILY)
-    print(f"recorded capture chord/bench/results/{cap['file']} (no sm_90 GPU here)")
+cap, where = capture_or_recorded(SCENARIO, FAMILY, iters=2 if QUICK else 5)
+print(where)
 for r in cap["ranges"]:
     print(f"{r['range']:64s} {r['calls']:3d} calls {r['gpu_us_per_call']:10.1f} us GPU per call")
 for r in cap["kernels"][:6]:

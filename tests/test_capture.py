@@ -102,3 +102,10 @@ def test_tools_are_found_outside_path(monkeypatch, tmp_path):
     assert capture.find_tool("nsys") == str(tmp_path / "nsight-systems-2025.1.1" / "bin" / "nsys")
     monkeypatch.setattr(capture, "_TOOL_GLOBS", {"nsys": (str(tmp_path / "none" / "nsys"),), "ncu": ()})
     assert capture.find_tool("nsys") is None
+
+
+def test_a_bad_scenario_is_named_before_the_gpu_check(tmp_path):
+    with pytest.raises(ValueError, match="unknown scenario 'nope'"):
+        capture.capture("nope", "indexed", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="capture: scenario tp8-m1 runs families"):
+        capture.capture("tp8-m1", "grouped_contiguous", out_dir=tmp_path)

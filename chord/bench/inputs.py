@@ -184,16 +184,23 @@ def family_inputs(family: str, data: ScenarioData, *, contiguous_alignment: int 
     raise ValueError(f"unknown family {family!r}")
 
 
-def one_scenario(suite_path, scenario_id: str, family: str, base_seed: int = 0, device: torch.device | str = "cuda",
-                 who: str = "scenario"):
-    """(scenario, packed w13, packed w2, ScenarioData, FamilyInputs) of one suite scenario and
-    family: what `chord tune`'s time_schedules and `chord profile` run (the bench's inputs)."""
-    from chord import formats
+def scenario_for(suite_path, scenario_id: str, family: str, who: str = "scenario") -> Scenario:
+    """The suite's scenario `scenario_id`, checked to run `family` (a clear error naming both)."""
     from chord.bench.suite import load_suite
 
     sc = load_suite(suite_path).scenario(scenario_id)
     if family not in sc.families:
         raise ValueError(f"{who}: scenario {scenario_id} runs families {sc.families}, got {family!r}")
+    return sc
+
+
+def one_scenario(suite_path, scenario_id: str, family: str, base_seed: int = 0, device: torch.device | str = "cuda",
+                 who: str = "scenario"):
+    """(scenario, packed w13, packed w2, ScenarioData, FamilyInputs) of one suite scenario and
+    family: what `chord tune`'s time_schedules and `chord profile` run (the bench's inputs)."""
+    from chord import formats
+
+    sc = scenario_for(suite_path, scenario_id, family, who)
     dev = torch.device(device)
     ew = expert_weights(sc, base_seed, dev)
     w13, w2 = formats.pack_experts(ew.q13, ew.s13), formats.pack_experts(ew.q2, ew.s2)
