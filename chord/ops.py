@@ -119,8 +119,9 @@ def _check_schedule(schedule: str, family: str, n: int) -> Schedule:
     s = Schedule.from_id(schedule)
     if s.family != family:
         raise ValueError(f"schedule {schedule} is for family {s.family}, not {family}")
-    if n % s.block_n:
-        raise ValueError(f"schedule {schedule}: block_n={s.block_n} does not divide N={n}")
+    if n % s.block_n_cta:
+        what = f"block_n={s.block_n}" + (f" x n_tiles={s.n_tiles}" if s.n_tiles > 1 else "")
+        raise ValueError(f"schedule {schedule}: {what} does not divide N={n}")
     return s
 
 
@@ -312,8 +313,8 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
-        num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks, **_split_args(s, x, num_blocks, n // s.block_n))
-    _launch(s, (num_blocks, n // s.block_n, s.split_k), x, params, "gemm_indexed", schedule)
+        num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks, **_split_args(s, x, num_blocks, s.grid_n(n)))
+    _launch(s, (num_blocks, s.grid_n(n), s.split_k), x, params, "gemm_indexed", schedule)
 
 
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
@@ -360,8 +361,8 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, che
     grid_x = (rows + s.block_m - 1) // s.block_m + e  # upper bound on per-expert tiles
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
-                                  num_experts=e, rows=rows, **_split_args(s, x, grid_x, n // s.block_n))
-    _launch(s, (grid_x, n // s.block_n, s.split_k), x, params, "gemm_contiguous", schedule)
+                                  num_experts=e, rows=rows, **_split_args(s, x, grid_x, s.grid_n(n)))
+    _launch(s, (grid_x, s.grid_n(n), s.split_k), x, params, "gemm_contiguous", schedule)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
@@ -411,8 +412,8 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, chec
     tiles = (max_rows + s.block_m - 1) // s.block_m
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
-                                  num_experts=e, max_rows=max_rows, **_split_args(s, x, e * tiles, n // s.block_n))
-    _launch(s, (e * tiles, n // s.block_n, s.split_k), x, params, "gemm_masked", schedule)
+                                  num_experts=e, max_rows=max_rows, **_split_args(s, x, e * tiles, s.grid_n(n)))
+    _launch(s, (e * tiles, s.grid_n(n), s.split_k), x, params, "gemm_masked", schedule)
 
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))

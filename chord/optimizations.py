@@ -82,6 +82,11 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "CTAs share an output tile along K with a deterministic fp32 fix-up (TP8 one token); off: one CTA "
                  "per tile",
                  "knob", "split_k", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("multi-tile CTAs",
+                 "one CTA walks n_tiles consecutive N blocks of its (expert, token tile) through one ring that keeps "
+                 "loading across tile boundaries, so at short K (TP8 down: 4 K blocks) the ring stays full instead "
+                 "of filling and draining per tile; off: one N block per CTA",
+                 "knob", "n_tiles", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("bounded 2-CTA/SM window",
                  "register budget for two resident CTAs per SM on mid-size tiles, to hide cp.async latency; off: "
                  "one CTA per SM",

@@ -82,6 +82,9 @@ KNOBS: tuple[Knob, ...] = (
          "copies and a CTA barrier per K block publishes it", off=0, requires=(("mainloop", "wgmma"),)),
     Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "RASTER",
          "token tiles per raster group walked over all N blocks (0: launch order)", off=0),
+    Knob("n_tiles", "nt", 1, (1, 2, 4, 8), "NTILES",
+         "consecutive N blocks one CTA walks through one continuous ring (the next tile loads while a "
+         "tile's epilogue runs; for short K, where a one-tile CTA mostly fills and drains its ring)", off=1),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -101,6 +104,7 @@ class Schedule:
     wgmma_wait: int = 1  # wgmma groups in flight while the next K block is dequantized
     producer: int = 0  # wgmma: 1 = a producer warp + mbarriers (warp-specialized)
     raster: int = 0  # token tiles per raster group (0: launch order)
+    n_tiles: int = 1  # consecutive N blocks per CTA, one continuous ring
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -148,7 +152,10 @@ class Schedule:
                     raise ValueError(f"{name} applies to mainloop wgmma only, got {getattr(self, name)} with mma")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages must be in [2, 12], got {self.stages}")
-        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "raster"):
+        if self.n_tiles > 1 and (self.split_k != 1 or self.producer):
+            raise ValueError(f"n_tiles={self.n_tiles} needs split_k=1 and producer=0 (one output tile per split-K CTA; "
+                             f"the producer loop walks one tile), got split_k={self.split_k}, producer={self.producer}")
+        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "raster", "n_tiles"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -170,16 +177,29 @@ class Schedule:
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: the pipeline or the epilogue tile, whichever is larger, plus the
-        base-alignment slack of the wgmma ring (mirrors ``MoeKernel::kSmemBytes`` in csrc, which
-        every rendered kernel static_asserts against this number)."""
-        n_tiles = self.block_n // 16
+        """Dynamic shared memory: one tile per CTA, the pipeline or the epilogue tile, whichever is
+        larger (the epilogue reuses the drained ring); several (n_tiles > 1), both (the ring keeps
+        loading during an epilogue); plus the base-alignment slack of the wgmma ring (mirrors
+        ``MoeKernel::kSmemBytes`` in csrc, which every rendered kernel static_asserts against this
+        number)."""
+        tiles16 = self.block_n // 16
         epilogue = self.block_m * (self.block_n + 8) * 2
-        stage = self.block_m * K_BLOCK * 2 + n_tiles * 512 + n_tiles * 64
+        stage = self.block_m * K_BLOCK * 2 + tiles16 * 512 + tiles16 * 64
+        slack = 0
         if self.mainloop == "wgmma":
             stage = -(-stage // 1024) * 1024
-            return max(self.stages * stage, epilogue) + 1024 - 16
-        return max(self.stages * stage, epilogue)
+            slack = 1024 - 16
+        ring = self.stages * stage
+        return (ring + epilogue if self.n_tiles > 1 else max(ring, epilogue)) + slack
+
+    @property
+    def block_n_cta(self) -> int:
+        """Output features one CTA computes (block_n x n_tiles)."""
+        return self.block_n * self.n_tiles
+
+    def grid_n(self, n: int) -> int:
+        """CTAs along N for a GEMM with `n` output features."""
+        return n // self.block_n_cta
 
     def knobs(self) -> dict:
         """The knob values by name (what a profile rule holds)."""
@@ -200,7 +220,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-r8]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-r8][-nt4]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):
@@ -460,6 +480,7 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
         if n % bn:
             raise ValueError(f"mainloop wgmma needs N divisible by 64, got {n}")
         warps = bn // 16
+        vals["n_tiles"] = _fit_n_tiles(vals["n_tiles"], n // bn)
     else:
         while n % bn:
             bn //= 2
@@ -467,8 +488,16 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
                 warps = max(1, warps // 2)
         while bn % (16 * warps):
             warps //= 2
+        vals["n_tiles"] = _fit_n_tiles(vals["n_tiles"], n // bn)
     vals.update(block_n=bn, warps=warps)
     return Schedule(family, **vals)
+
+
+def _fit_n_tiles(n_tiles: int, n_blocks: int) -> int:
+    """n_tiles halved until it divides the N blocks of the GEMM."""
+    while n_tiles > 1 and n_blocks % n_tiles:
+        n_tiles //= 2
+    return n_tiles
 
 
 def _rule_for(rules: tuple, rows_per_expert: float, k: int) -> Rule:

@@ -33,6 +33,8 @@ SPLIT_TOL = 1e-3  # split-K / another main loop sum in another order: compared b
 WGMMA_BLOCK_MS = (16, 32, 64, 128, 256)
 WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 features x >= 8 tokens) is not tried
 RASTERS = (0, 8)  # wgmma candidates at >= 64 rows per expert
+SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that walk several N blocks
+N_TILES = (2, 4)  # n_tiles candidates at short K
 
 
 def block_m_candidates(rows_per_expert: float, block_ms: tuple = BLOCK_MS) -> tuple[int, ...]:
@@ -65,8 +67,32 @@ def _fits(s: Schedule) -> bool:
 
 
 def candidates(family: str, n: int, rows_per_expert: float,
-               mainloops: tuple[str, ...] = ("mma", "wgmma")) -> list[Schedule]:
-    """Schedules `chord tune` times for one GEMM point (every one is checked before timing)."""
+               mainloops: tuple[str, ...] = ("mma", "wgmma"), k: int | None = None) -> list[Schedule]:
+    """Schedules `chord tune` times for one GEMM point (every one is checked before timing).
+
+    With `k` of at most SHORT_K_BLOCKS K blocks (TP8 down: 4), each one-tile candidate also comes
+    with n_tiles in N_TILES (one CTA walks that many N blocks through one ring), where it fits.
+    (Split-K is tried below 1 row per expert only: at 1-16 rows per expert and K >= 2048, split 2
+    and 4 were 3-22 % slower than the best one-split tile at every EP8-decode and TP8 point, H200
+    2026-12-01, chord/bench/results/2026-12-01-h200-tuning-ep8decode-tp8-ntiles.json.)"""
+    out = _one_tile_candidates(family, n, rows_per_expert, mainloops)
+    if k is not None and k // 64 <= SHORT_K_BLOCKS:
+        for s in list(out):
+            if s.split_k != 1 or s.producer:
+                continue
+            for nt in N_TILES:
+                if (n // s.block_n) % nt:
+                    continue
+                try:
+                    c = dataclasses.replace(s, n_tiles=nt)
+                except ValueError:
+                    continue
+                if _fits(c):
+                    out.append(c)
+    return out
+
+
+def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops: tuple[str, ...]) -> list[Schedule]:
     out = []
     rasters = RASTERS if rows_per_expert >= 64 else (0,)
     if "mma" in mainloops:
@@ -171,7 +197,7 @@ def tune_schedules(suite_path=None, scenario_ids: Iterable[str] | str | None = N
         for family in fams:
             for n, k, top_k in ((sc.n_gate_up, sc.k_gate_up, sc.top_k), (sc.n_down, sc.k_down, 1)):
                 prob = Problem(family, sc.experts, n, k, sc.rows, top_k if family == "indexed" else 1)
-                for s in [select(prof, prob), *candidates(family, n, sc.rows_per_expert)]:
+                for s in [select(prof, prob), *candidates(family, n, sc.rows_per_expert, k=k)]:
                     out[s.id] = s
     return list(out.values())
 
@@ -206,7 +232,7 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
             fi = I.family_inputs(family, data)
             for gemm, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2):
                 default = select(prof, prob)
-                cands = [default] + [c for c in candidates(family, n, sc.rows_per_expert) if c != default]
+                cands = [default] + [c for c in candidates(family, n, sc.rows_per_expert, k=k) if c != default]
                 built = jit.precompile(cands, progress=False)
                 cands = [c for c, b in zip(cands, built) if c == default or b.spill_bytes == 0]
                 ref_fn, ref_out = make(default)

@@ -2,8 +2,12 @@
 //   family (row source: indexed / grouped_contiguous / grouped_masked, moe/rows.cuh)
 //   x main loop (MmaSwap16: cp.async + mma.sync; WgmmaSwap64: cp.async + wgmma, multistage or
 //     with a producer warp and mbarriers; mainloop/)
-//   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh).
-// One CTA computes BT token rows x BN output features of one expert:
+//   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
+//   x N tiles per CTA (NTILES).
+// One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
+// tile after the other through one continuous pipeline (the ring keeps loading the next tile's
+// K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile
+// CTA spends most of its life filling and draining the ring):
 //   out[row, n] = sum_k x[row, k] * (q[e, n, k] * scale[e, n, k/32])
 // This file only composes; chord/jit.py renders one instantiation per Schedule and
 // static_asserts the shared-memory size and parameter offsets that Python computed.
@@ -24,14 +28,22 @@ struct MaxOf {
   static constexpr int value = A > B ? A : B;
 };
 
-template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0>
+template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1>
 struct MoeKernel {
   static_assert(SPLIT >= 1, "SPLIT >= 1");
+  static_assert(NTILES >= 1, "NTILES >= 1");
+  static_assert(NTILES == 1 || SPLIT == 1, "NTILES > 1 needs SPLIT == 1 (split-K tiles are one per CTA)");
   static constexpr int kThreads = Mainloop::kThreads;
-  // Dynamic shared memory: the pipeline or the epilogue tile, plus the slack that aligning the
-  // base to Mainloop::kAlign can cost (the dynamic segment itself is 16-byte aligned).
-  static constexpr int kSmemBytes = MaxOf<Mainloop::kSmemBytes, EpilogueConfig<BT, BN>::kSmemBytes>::value +
-                                    (Mainloop::kAlign > 128 ? Mainloop::kAlign - 16 : 0);
+  // Dynamic shared memory, plus the slack that aligning the base to Mainloop::kAlign can cost
+  // (the dynamic segment itself is 16-byte aligned). One tile per CTA: the pipeline or the
+  // epilogue tile (the epilogue reuses the drained ring). Several: the ring, then the epilogue
+  // tile after it (the ring is still loading the next tile while an epilogue runs).
+  static constexpr int kEpiOffset = NTILES > 1 ? Mainloop::kSmemBytes : 0;
+  static constexpr int kSmemBytes =
+      (NTILES > 1 ? Mainloop::kSmemBytes + EpilogueConfig<BT, BN>::kSmemBytes
+                  : MaxOf<Mainloop::kSmemBytes, EpilogueConfig<BT, BN>::kSmemBytes>::value) +
+      (Mainloop::kAlign > 128 ? Mainloop::kAlign - 16 : 0);
+  static_assert(kEpiOffset % 16 == 0, "the epilogue tile is 16-byte aligned");
 
   __device__ __forceinline__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -61,10 +73,14 @@ struct MoeKernel {
     const int kb_begin = static_cast<int>((static_cast<int64_t>(kb_all) * z) / SPLIT);
     const int kb_end = static_cast<int>((static_cast<int64_t>(kb_all) * (z + 1)) / SPLIT);
     typename Mainloop::Acc acc;
-    if (!Mainloop::run(p, e, tc.n_block, in_row, kb_begin, kb_end, smem, acc)) return;  // a producer warp
-    constexpr int kEpi = Mainloop::kEpilogueThreads;
-    store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads>(p, acc, tc.n_block, out_row,
-                                                                                          smem);
+    // The main loop calls this once per finished tile t (n block tc.n_block * NTILES + t), from
+    // the threads that hold accumulators (a producer warpgroup has left by then).
+    auto epilogue = [&](int t, const typename Mainloop::Acc& a) {
+      constexpr int kEpi = Mainloop::kEpilogueThreads;
+      store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads>(
+          p, a, tc.n_block * NTILES + t, out_row, smem + kEpiOffset);
+    };
+    Mainloop::template run<NTILES>(p, e, tc.n_block * NTILES, in_row, kb_begin, kb_end, smem, acc, epilogue);
   }
 };
 

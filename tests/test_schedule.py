@@ -185,6 +185,36 @@ def test_wgmma_smem_formula():
     assert s.smem_bytes == max(4 * stage, 128 * 264 * 2) + 1008
 
 
+def test_n_tiles_knob():
+    s = Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4)
+    assert s.id == "idx-m8n128k64-w4-s6-c1-nt4" and Schedule.from_id(s.id) == s
+    assert s.block_n_cta == 512 and s.grid_n(7168) == 14
+    # several tiles per CTA: the ring and the epilogue tile side by side (one tile: the larger)
+    ring = 6 * (8 * 128 + 8 * 512 + 8 * 64)
+    assert s.smem_bytes == ring + 8 * 136 * 2
+    assert Schedule("indexed", 8, 128, 4, 6, 1).smem_bytes == max(ring, 8 * 136 * 2)
+    wg = Schedule("indexed", 128, 128, 8, 3, 2, mainloop="wgmma", n_tiles=2)
+    stage = -(-(128 * 128 + 8 * 512 + 8 * 64) // 1024) * 1024
+    assert wg.smem_bytes == 3 * stage + 128 * 136 * 2 + 1008
+    with pytest.raises(ValueError, match="n_tiles=2 needs split_k=1"):
+        Schedule("indexed", 8, 64, 4, 8, 1, split_k=4, n_tiles=2)
+    with pytest.raises(ValueError, match="n_tiles=2 needs split_k=1 and producer=0"):
+        Schedule("indexed", 64, 128, 8, 4, 1, mainloop="wgmma", producer=1, n_tiles=2)
+    with pytest.raises(ValueError, match="n_tiles must be one of"):
+        Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=3)
+
+
+def test_n_tiles_is_fitted_to_n():
+    from chord.schedule import _fit_schedule
+
+    knobs = dict(block_m=8, block_n=128, warps=4, stages=6, n_tiles=4)
+    assert _fit_schedule("indexed", knobs, 7168).n_tiles == 4   # 56 N blocks
+    assert _fit_schedule("indexed", knobs, 384).n_tiles == 1    # 3 N blocks
+    assert _fit_schedule("indexed", knobs, 768).n_tiles == 2    # 6 N blocks
+    wg = dict(block_m=128, block_n=128, warps=8, stages=3, mainloop="wgmma", n_tiles=4)
+    assert _fit_schedule("indexed", wg, 512).n_tiles == 4
+
+
 def test_profile_rules_carry_every_knob(tmp_path, monkeypatch):
     import json
 

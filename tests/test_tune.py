@@ -81,3 +81,18 @@ def test_pick_best_prefers_the_larger_token_tile_within_the_tie_tolerance():
     assert pick_best({a: 100.0, b: 101.0, c: 100.5}) == c  # same block_m: the faster of the two
     with pytest.raises(ValueError, match="no timings"):
         pick_best({})
+
+
+def test_short_k_candidates_walk_several_n_blocks():
+    """TP8 down (K = 256: 4 K blocks): every one-tile candidate also comes with n_tiles 2 and 4;
+    long K (gate_up) gets none."""
+    short = tune.candidates("indexed", 7168, 5.3, k=256)
+    long = tune.candidates("indexed", 512, 5.3, k=7168)
+    assert {s.n_tiles for s in short} == {1, 2, 4} and {s.n_tiles for s in long} == {1}
+    assert {s.split_k for s in long} == {1} and {s.split_k for s in short} == {1}
+    ones = {s for s in short if s.n_tiles == 1}
+    assert ones == set(tune.candidates("indexed", 7168, 5.3))
+    for s in short:
+        assert s.split_k == 1 or s.n_tiles == 1
+        assert s.smem_bytes * s.ctas_per_sm <= 227 * 1024
+    assert {s.n_tiles for s in tune.candidates("indexed", 7168, 85.0, k=256) if s.mainloop == "wgmma"} == {1, 2, 4}

@@ -41,7 +41,7 @@ def token_tiles(experts: int, tok_e: float, block_m: int) -> int:
 
 
 def tile_count(experts: int, tok_e: float, block_m: int, n: int, block_n: int, split_k: int = 1) -> int:
-    """CTAs that do work: token tiles (`token_tiles`) x N blocks x splits."""
+    """CTAs that do work: token tiles (`token_tiles`) x N blocks of `block_n` (a CTA's features) x splits."""
     return token_tiles(experts, tok_e, block_m) * (n // block_n) * split_k
 
 
@@ -68,7 +68,7 @@ def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int
     dec = explain(profile_for(family, e, n, k), prob)
     s = dec.schedule
     m_tiles = token_tiles(e, tok_e, s.block_m)
-    tiles = tile_count(e, tok_e, s.block_m, n, s.block_n, s.split_k)
+    tiles = tile_count(e, tok_e, s.block_m, n, s.block_n_cta, s.split_k)
     slots = sms * s.ctas_per_sm
     n_waves, _ = waves(tiles, sms, s.ctas_per_sm)
     computed = m_tiles * s.block_m

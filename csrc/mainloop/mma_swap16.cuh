@@ -35,12 +35,16 @@ struct MmaSwap16 {
 
   using Acc = float[kNTW][kTT][4];
 
-  // Accumulates K blocks [kb_begin, kb_end) of expert `expert`, N block `n_block` into acc.
-  // `in_row[r]` (shared): input row of tile row r, or -1 (zero-filled, never read). Returns
-  // whether this thread holds accumulators for the epilogue (always, here).
-  __device__ __forceinline__ static bool run(const GemmParams& p, int expert, int n_block,
+  // Accumulates K blocks [kb_begin, kb_end) of expert `expert` for NTILES consecutive N blocks
+  // from `n_block`, one after the other through one ring (the loads run ahead across tile
+  // boundaries), and calls epilogue(t, acc) after tile t. `in_row[r]` (shared): input row of
+  // tile row r, or -1 (zero-filled, never read). NTILES == 1: the epilogue runs after the ring
+  // has drained (it may reuse the ring's shared memory); NTILES > 1: while the next tile's
+  // copies are in flight (its shared memory lies after the ring).
+  template <int NTILES, class Epilogue>
+  __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
-                                             uint8_t* smem, Acc& acc) {
+                                             uint8_t* smem, Acc& acc, Epilogue&& epilogue) {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -88,18 +92,24 @@ struct MmaSwap16 {
       xdst[it] = kWBytes + kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
     }
 
-    auto load_stage = [&](int s, int kb) {
+    // Copies K block kb of tile `tile` (relative to the first) into ring slot s. Consecutive N
+    // blocks of an expert are consecutive in the swap16 layout: tile t's words and scales lie
+    // t * kNTiles 16-row tiles further; its activation rows are the same.
+    auto load_stage = [&](int s, int tile, int kb) {
       const uint32_t st = smem_base + s * kStageBytes;
+      const int64_t wt = static_cast<int64_t>(tile) * (kNTiles * KB_ALL * 32);
+      const int64_t stl = static_cast<int64_t>(tile) * (kNTiles * KB_ALL * 64);
 #pragma unroll
       for (int it = 0; it < kWIters; ++it) {
         const int c = tid + it * T;
-        if (kWChunks % T == 0 || c < kWChunks) cp_async_16_stream_u32(st + c * 16, wsrc[it] + kb * 32, evict_first);
+        if (kWChunks % T == 0 || c < kWChunks)
+          cp_async_16_stream_u32(st + c * 16, wsrc[it] + (NTILES > 1 ? wt : 0) + kb * 32, evict_first);
       }
 #pragma unroll
       for (int it = 0; it < kSIters; ++it) {
         const int c = tid + it * T;
         if (kSChunks % T == 0 || c < kSChunks)
-          cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + kb * 64, evict_first);
+          cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + (NTILES > 1 ? stl : 0) + kb * 64, evict_first);
       }
 #pragma unroll
       for (int it = 0; it < kXIters; ++it) {
@@ -107,72 +117,86 @@ struct MmaSwap16 {
         if (kXChunks % T == 0 || c < kXChunks) cp_async_16_u32(st + xdst[it], xsrc[it] + kb * kKBlock, xvalid[it]);
       }
     };
-
-#pragma unroll
-    for (int j = 0; j < kNTW; ++j)
-#pragma unroll
-      for (int i = 0; i < kTT; ++i)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
+    // The loads come in order (tile-major): the next one is K block l_kb of tile l_tile.
+    int l_tile = 0, l_kb = 0;
+    const int TOTAL = KB * NTILES;
+    auto load_next = [&](int slot) {
+      load_stage(slot, l_tile, l_kb);
+      if (++l_kb == KB) {
+        l_kb = 0;
+        ++l_tile;
+      }
+    };
 
     // Prologue: STAGES-1 k-blocks in flight.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < KB) load_stage(s, s);
+      if (s < TOTAL) load_next(s);
       cp_async_commit();
     }
 
-    for (int kb = 0; kb < KB; ++kb) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();  // stage kb landed for everyone; stage kb-1 is free to overwrite
-      {
-        const int next = kb + STAGES - 1;
-        if (next < KB) load_stage(next % STAGES, next);
-        cp_async_commit();
-      }
-      const uint8_t* st = smem + (kb % STAGES) * kStageBytes;
-      const uint4* sw = reinterpret_cast<const uint4*>(st);
-      const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
-      const uint8_t* sx = st + kWBytes + kSBytes;
+    for (int tile = 0; tile < NTILES; ++tile) {
+#pragma unroll
+      for (int j = 0; j < kNTW; ++j)
+#pragma unroll
+        for (int i = 0; i < kTT; ++i)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
 
-      uint4 words[kNTW];
-      uint2 scl[kNTW];
-#pragma unroll
-      for (int j = 0; j < kNTW; ++j) {
-        const int t = warp * kNTW + j;
-        words[j] = sw[t * 32 + lane];
-        scl[j] = ss[t * 8 + lane / 4];
-      }
-
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // two 32-wide halves = two scale groups
-        uint32_t b[kTT][4];
-#pragma unroll
-        for (int i = 0; i < kTT; ++i) {
-          const int r = i * 8 + (lane & 7);
-          const int ch = 4 * h + (lane >> 3);
-          ldmatrix_x4(b[i], sx + r * 128 + ((ch ^ (r & 7)) * 16));
+      for (int kb = 0; kb < KB; ++kb) {
+        const int g = tile * KB + kb;  // ring position
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // stage g landed for everyone; stage g-1 is free to overwrite
+        {
+          const int next = g + STAGES - 1;
+          if (next < TOTAL) load_next(next % STAGES);
+          cp_async_commit();
         }
+        const uint8_t* st = smem + (g % STAGES) * kStageBytes;
+        const uint4* sw = reinterpret_cast<const uint4*>(st);
+        const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
+        const uint8_t* sx = st + kWBytes + kSBytes;
+
+        uint4 words[kNTW];
+        uint2 scl[kNTW];
 #pragma unroll
         for (int j = 0; j < kNTW; ++j) {
-          const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
-          const __nv_bfloat162 s_lo = __low2bfloat162(sp);
-          const __nv_bfloat162 s_hi = __high2bfloat162(sp);
+          const int t = warp * kNTW + j;
+          words[j] = sw[t * 32 + lane];
+          scl[j] = ss[t * 8 + lane / 4];
+        }
+
 #pragma unroll
-          for (int ss2 = 0; ss2 < 2; ++ss2) {
-            const int step = 2 * h + ss2;
-            const uint32_t w = step == 0 ? words[j].x : step == 1 ? words[j].y : step == 2 ? words[j].z : words[j].w;
-            uint32_t a[4];
-            dequant_swap16(w, s_lo, s_hi, a);
+        for (int h = 0; h < 2; ++h) {  // two 32-wide halves = two scale groups
+          uint32_t b[kTT][4];
 #pragma unroll
-            for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(acc[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
+          for (int i = 0; i < kTT; ++i) {
+            const int r = i * 8 + (lane & 7);
+            const int ch = 4 * h + (lane >> 3);
+            ldmatrix_x4(b[i], sx + r * 128 + ((ch ^ (r & 7)) * 16));
+          }
+#pragma unroll
+          for (int j = 0; j < kNTW; ++j) {
+            const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
+            const __nv_bfloat162 s_lo = __low2bfloat162(sp);
+            const __nv_bfloat162 s_hi = __high2bfloat162(sp);
+#pragma unroll
+            for (int ss2 = 0; ss2 < 2; ++ss2) {
+              const int step = 2 * h + ss2;
+              const uint32_t w = step == 0 ? words[j].x : step == 1 ? words[j].y : step == 2 ? words[j].z : words[j].w;
+              uint32_t a[4];
+              dequant_swap16(w, s_lo, s_hi, a);
+#pragma unroll
+              for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(acc[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
+            }
           }
         }
       }
+      if constexpr (NTILES > 1) epilogue(tile, acc);  // its shared memory lies after the ring
     }
     cp_async_wait<0>();
     __syncthreads();  // every read of the pipeline's shared memory is done (the epilogue reuses it)
-    return true;
+    if constexpr (NTILES == 1) epilogue(0, acc);
   }
 };
 

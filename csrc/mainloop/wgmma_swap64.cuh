@@ -162,12 +162,15 @@ struct WgmmaSwap64 {
     }
   }
 
-  // Returns false in the producer warpgroup, which has exited its role when run() returns: the
-  // consumers alone run the epilogue (its code never joins the producer's, whose registers were
-  // given away).
-  __device__ __forceinline__ static bool run(const GemmParams& p, int expert, int n_block,
+  // Accumulates K blocks [kb_begin, kb_end) of NTILES consecutive N blocks from `n_block` and
+  // calls epilogue(t, acc) after tile t (see MmaSwap16::run; NTILES > 1: multistage only). The
+  // producer warpgroup returns without calling it: the consumers alone run the epilogue (its
+  // code never joins the producer's, whose registers were given away).
+  template <int NTILES, class Epilogue>
+  __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
-                                             uint8_t* smem, Acc& acc) {
+                                             uint8_t* smem, Acc& acc, Epilogue&& epilogue) {
+    static_assert(NTILES == 1 || PRODUCER == 0, "wgmma main loop: NTILES > 1 needs PRODUCER == 0");
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -183,11 +186,14 @@ struct WgmmaSwap64 {
       load_stage<decltype(nthreads)::value>(p, in_row, xbase, wbase, sbase, KB_ALL, t,
                                             smem_base + slot * kStageBytes, kb);
     };
+    auto zero = [&]() {
+#pragma unroll
+      for (int i = 0; i < kTT; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[0][i][c] = 0.f;
+    };
 
-#pragma unroll
-    for (int i = 0; i < kTT; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[0][i][c] = 0.f;
+    zero();
     const uint64_t desc0 = smem_desc_k128(smem_base);
 
     if constexpr (PRODUCER == 0) {
@@ -216,7 +222,10 @@ struct WgmmaSwap64 {
       const bool has_scale = tid < kNTiles * 4;
       const uint8_t* ssrc = sbase + (has_scale ? static_cast<int64_t>(tid / 4) * KB_ALL * 64 + (tid % 4) * 16 : 0);
       int load_slot = 0;
-      // Copies the next K block (they come in order) into the next ring slot.
+      int load_kb = 0;  // K block of the next load within its tile
+      // Copies the next K block (they come in order, tile-major) into the next ring slot. After
+      // a tile's last block the sources move on to the next N block: the same activation rows,
+      // the weights and scales kNTiles 16-row tiles further.
       auto load_next = [&]() {
         const uint32_t st = smem_base + load_slot * kStageBytes;
 #pragma unroll
@@ -230,25 +239,40 @@ struct WgmmaSwap64 {
         wsrc += 32;
         ssrc += 64;
         load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
+        if constexpr (NTILES > 1) {
+          if (++load_kb == KB) {
+            load_kb = 0;
+#pragma unroll
+            for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
+            wsrc += static_cast<int64_t>(kNTiles * KB_ALL - KB) * 32;
+            ssrc += static_cast<int64_t>(kNTiles * KB_ALL - KB) * 64;
+          }
+        }
       };
+      const int TOTAL = KB * NTILES;
       // Prologue: STAGES-2 K blocks in flight (one more slot is read by the group in flight).
 #pragma unroll
       for (int s = 0; s < STAGES - 2; ++s) {
-        if (s < KB) load_next();
+        if (s < TOTAL) load_next();
         cp_async_commit();
       }
-      wgmma_fence_operand(acc[0]);
-      k_loop(KB, [&](int kb, uint32_t (&a)[4][4], auto drain) {
-        cp_async_wait<STAGES - 3>();
-        fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
-        __syncthreads();             // block kb landed for all; groups <= kb-2 retired in all warps
-        if (kb + STAGES - 2 < KB) load_next();
-        cp_async_commit();
-        mma_block(smem, desc0, kb % STAGES, warp, lane, a, acc);
-        retire(kb, KB, drain);
-      });
-      wgmma_wait<0>();
-      wgmma_fence_operand(acc[0]);
+      for (int tile = 0; tile < NTILES; ++tile) {
+        if (tile > 0) zero();
+        wgmma_fence_operand(acc[0]);
+        k_loop(KB, [&](int kb, uint32_t (&a)[4][4], auto drain) {
+          const int g = tile * KB + kb;  // ring position
+          cp_async_wait<STAGES - 3>();
+          fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
+          __syncthreads();             // block g landed for all; groups <= g-2 retired in all warps
+          if (g + STAGES - 2 < TOTAL) load_next();
+          cp_async_commit();
+          mma_block(smem, desc0, g % STAGES, warp, lane, a, acc);
+          retire(kb, KB, drain);
+        });
+        wgmma_wait<0>();
+        wgmma_fence_operand(acc[0]);
+        if constexpr (NTILES > 1) epilogue(tile, acc);  // its shared memory lies after the ring
+      }
       cp_async_wait<0>();
     } else {
       __shared__ __align__(8) uint64_t full[STAGES];
@@ -280,7 +304,7 @@ struct WgmmaSwap64 {
         cp_async_wait<0>();
         fence_proxy_async_shared();
         for (int kb = KB > kLag ? KB - kLag : 0; kb < KB; ++kb) mbar_arrive(&full[kb % STAGES]);
-        return false;
+        return;
       } else {  // consumer warps
         setmaxnreg_inc<kConsumerRegs>();
         wgmma_fence_operand(acc[0]);
@@ -296,11 +320,12 @@ struct WgmmaSwap64 {
         wgmma_wait<0>();
         wgmma_fence_operand(acc[0]);
         epilogue_sync<kEpilogueThreads, false>();  // all consumers done reading the ring
-        return true;
+        epilogue(0, acc);
+        return;
       }
     }
     __syncthreads();  // every read of the pipeline's shared memory is done (the epilogue reuses it)
-    return true;
+    if constexpr (NTILES == 1) epilogue(0, acc);
   }
 };
 
