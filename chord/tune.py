@@ -30,19 +30,21 @@ BLOCK_MS = (8, 16, 32, 64)
 BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
 SPLITS = (2, 4, 8)
 SPLIT_TOL = 1e-3  # split-K / another main loop sum in another order: compared by relative error, not bits
-WGMMA_BLOCK_MS = (16, 32, 64, 128, 256)
+# wgmma token tiles: any multiple of 8 is one instruction shape (m64nBTk16); 48/96/192 cut the
+# padding where rows per expert sit between powers of two (TP8 m4096: 85 rows per expert)
+WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)
 WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 features x >= 8 tokens) is not tried
 RASTERS = (0, 8)  # wgmma candidates at >= 64 rows per expert
 SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that walk several N blocks
 N_TILES = (2, 4)  # n_tiles candidates at short K
 
 
-def block_m_candidates(rows_per_expert: float, block_ms: tuple = BLOCK_MS) -> tuple[int, ...]:
-    """The block_m that covers an expert's expected rows, and the next smaller one."""
+def block_m_candidates(rows_per_expert: float, block_ms: tuple = BLOCK_MS, above: int = 0) -> tuple[int, ...]:
+    """The block_m that covers an expert's expected rows, the next smaller one and `above` larger."""
     need = max(1.0, rows_per_expert)
     first = next((b for b in block_ms if b >= need), block_ms[-1])
     i = block_ms.index(first)
-    return tuple(block_ms[max(0, i - 1): i + 1])
+    return tuple(block_ms[max(0, i - 1): i + 1 + above])
 
 
 TIE_TOL = 0.02  # timings this close to the fastest are a tie (repeat runs of one point differ by up to ~7 %)
@@ -115,7 +117,7 @@ def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops:
                         for ctas in (1, 2):
                             out.append(Schedule(family, 8, bn, 4, 8, ctas, split))
     if "wgmma" in mainloops and rows_per_expert >= WGMMA_MIN_ROWS:
-        for bm in block_m_candidates(rows_per_expert, WGMMA_BLOCK_MS):
+        for bm in block_m_candidates(rows_per_expert, WGMMA_BLOCK_MS, above=1):
             for bn in (128, 256):
                 if n % bn:
                     continue

@@ -10,11 +10,13 @@ from chord.schedule import Problem, Schedule, load_profile_file, select
 def test_candidates_are_valid_and_cover_block_m():
     c = tune.candidates("indexed", 4096, 12.0)
     assert c and all(isinstance(s, Schedule) and 4096 % s.block_n == 0 for s in c)
-    assert {s.block_m for s in c} == {8, 16}
+    assert {s.block_m for s in c if s.mainloop == "mma"} == {8, 16}
     assert {s.block_m for s in tune.candidates("indexed", 512, 0.02)} == {8}
     assert {s.block_m for s in tune.candidates("indexed", 7168, 512) if s.mainloop == "mma"} == {32, 64}
-    assert {s.block_m for s in tune.candidates("indexed", 7168, 512) if s.mainloop == "wgmma"} == {128, 256}
-    assert {s.block_m for s in tune.candidates("indexed", 4096, 12.0) if s.mainloop == "wgmma"} == {16}
+    assert {s.block_m for s in tune.candidates("indexed", 7168, 512) if s.mainloop == "wgmma"} == {192, 256}
+    assert {s.block_m for s in tune.candidates("indexed", 4096, 12.0) if s.mainloop == "wgmma"} == {16, 32}
+    # between powers of two: the covering tile, one smaller and one larger (TP8 m4096: 85 rows per expert)
+    assert {s.block_m for s in tune.candidates("indexed", 512, 85.3) if s.mainloop == "wgmma"} == {64, 96, 128}
     assert not any(s.mainloop == "wgmma" for s in tune.candidates("indexed", 4096, 4.0))  # decode: mma only
     assert {s.raster for s in tune.candidates("indexed", 4096, 256)} == {0, 8}
     assert all(s.warps == s.block_n // 16 for s in tune.candidates("indexed", 4096, 256) if s.mainloop == "wgmma")
