@@ -40,3 +40,53 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-identical bf16 tensors (NaN patterns included)."""
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
+
+
+_EXPERTS: dict = {}
+
+
+def cached_random_experts(e: int, n: int, k: int, seed: int = 0, keep: int = 4
+                          ) -> tuple[formats.QuantizedExperts, formats.PackedExperts]:
+    """`random_experts` on the GPU, memoized per shape (Kimi K2 shapes are large; at most `keep`
+    + 1 shapes stay alive)."""
+    key = (e, n, k, seed)
+    if key not in _EXPERTS:
+        if len(_EXPERTS) > keep:
+            _EXPERTS.clear()
+        _EXPERTS[key] = random_experts(e, n, k, seed)
+    return _EXPERTS[key]
+
+
+def check_indexed_graph_replay(schedule, e: int, n: int, k: int, m: int, top_k: int, *,
+                               seeds: tuple = (2, 3), tol: float = BF16_TOL) -> None:
+    """Captures one indexed call of `schedule` into a CUDA graph, then for each seed writes new
+    routing values into the captured buffers, replays, and checks the new answer against the
+    float32 reference (the op never reads routing on the host, so a replay must follow them)."""
+    from chord import ops, reference, routing
+
+    qe, pw = cached_random_experts(e, n, k)
+    bm = schedule.block_m
+    cap = routing.sorted_ids_capacity(m * top_k, bm, e)
+
+    def route(seed):
+        return routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=seed, device="cuda"), bm, e,
+                                        max_num_tokens_padded=cap)
+
+    r0 = route(1)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = poisoned(m * top_k, n)
+    ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=schedule)  # warm-up: load the module
+    torch.cuda.synchronize()
+    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r0, top_k)) < tol
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=schedule)
+    for seed in seeds:
+        r1 = route(seed)
+        r0.sorted_ids.copy_(r1.sorted_ids)
+        r0.expert_ids.copy_(r1.expert_ids)
+        r0.num_tokens_post_padded.copy_(r1.num_tokens_post_padded)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r1, top_k)) < tol, f"{schedule.id} seed {seed}"

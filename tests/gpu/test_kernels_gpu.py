@@ -12,6 +12,7 @@ import torch
 
 from chord import formats, ops, reference, routing
 from chord.schedule import Problem, Schedule, load_profile_file, select
+from chord.testing import check_indexed_graph_replay
 
 pytestmark = pytest.mark.gpu
 
@@ -258,28 +259,7 @@ def test_opcheck_all_ops():
 def test_cuda_graph_capture_and_replay_with_new_routing():
     """The indexed op never reads the routing on the host: capture once, change the routing
     buffers in place, replay, and get the new answer."""
-    e, n, k, m, top_k, bm = 16, 512, 1024, 24, 4, 16
-    qe, pw = weights(e, n, k)
-    s = Schedule("indexed", bm, 128, 4, 4, 1)
-    cap = routing.sorted_ids_capacity(m * top_k, bm, e)
-    r0 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=1, device="cuda"), bm, e,
-                                  max_num_tokens_padded=cap)
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    out = torch.full((m * top_k, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s)  # warm-up: load the module
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s)
-    r1 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=2, device="cuda"), bm, e,
-                                  max_num_tokens_padded=cap)
-    r0.sorted_ids.copy_(r1.sorted_ids)
-    r0.expert_ids.copy_(r1.expert_ids)
-    r0.num_tokens_post_padded.copy_(r1.num_tokens_post_padded)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r1, top_k)) < TOL
+    check_indexed_graph_replay(Schedule("indexed", 16, 128, 4, 4, 1), e=16, n=512, k=1024, m=24, top_k=4, seeds=(2,))
 
 
 def test_torch_compile_fullgraph():

@@ -11,23 +11,14 @@ import torch
 
 from chord import ops, reference, routing
 from chord.schedule import Schedule, override
-from chord.testing import BF16_TOL, poisoned, random_experts, rel_err, same_bits
+from chord.testing import BF16_TOL, cached_random_experts, check_indexed_graph_replay, poisoned, rel_err, same_bits
 
 pytestmark = pytest.mark.gpu
 
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):  # pragma: no cover
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs an sm_90 (Hopper) GPU")]
 
-_W: dict = {}
-
-
-def experts(e, n, k, seed=0):
-    key = (e, n, k, seed)
-    if key not in _W:
-        if len(_W) > 4:
-            _W.clear()
-        _W[key] = random_experts(e, n, k, seed)
-    return _W[key]
+experts = cached_random_experts
 
 
 WG_TILES = [(8, 64), (16, 128), (32, 256), (64, 128), (64, 256), (128, 128), (128, 256), (192, 128), (256, 128)]
@@ -201,26 +192,4 @@ def test_wgmma_kimi_ep8_prefill_shapes():
 
 @pytest.mark.parametrize("producer", [0, 1], ids=["multistage", "ws"])
 def test_wgmma_cuda_graph_replay_with_new_routing(producer):
-    e, n, k, m, top_k, bm = 16, 512, 1024, 40, 4, 64
-    qe, pw = experts(e, n, k)
-    s = wg("indexed", bm, 128, producer=producer)
-    cap = routing.sorted_ids_capacity(m * top_k, bm, e)
-    r0 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=1, device="cuda"), bm, e,
-                                  max_num_tokens_padded=cap)
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    out = poisoned(m * top_k, n)
-    ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s)
-    for seed in (2, 3):
-        r1 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=seed, device="cuda"), bm, e,
-                                      max_num_tokens_padded=cap)
-        r0.sorted_ids.copy_(r1.sorted_ids)
-        r0.expert_ids.copy_(r1.expert_ids)
-        r0.num_tokens_post_padded.copy_(r1.num_tokens_post_padded)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r1, top_k)) < BF16_TOL
+    check_indexed_graph_replay(wg("indexed", 64, 128, producer=producer), e=16, n=512, k=1024, m=40, top_k=4)

@@ -13,23 +13,14 @@ import torch
 
 from chord import ops, reference, routing
 from chord.schedule import Schedule, override
-from chord.testing import BF16_TOL, poisoned, random_experts, rel_err, same_bits
+from chord.testing import BF16_TOL, cached_random_experts, check_indexed_graph_replay, poisoned, rel_err, same_bits
 
 pytestmark = pytest.mark.gpu
 
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):  # pragma: no cover
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs an sm_90 (Hopper) GPU")]
 
-_W: dict = {}
-
-
-def experts(e, n, k, seed=0):
-    key = (e, n, k, seed)
-    if key not in _W:
-        if len(_W) > 4:
-            _W.clear()
-        _W[key] = random_experts(e, n, k, seed)
-    return _W[key]
+experts = cached_random_experts
 
 
 def base_schedule(family: str, mainloop: str, bm: int, bn: int, stages: int) -> Schedule:
@@ -113,30 +104,7 @@ def test_n_tiles_masked(tile):
 def test_n_tiles_tp8_down_shape_and_graph_replay():
     """The shape n_tiles is for (TP8 down: 384 experts, N=7168, K=256), under CUDA-graph replay
     with new routing values in the captured buffers."""
-    e, n, k, m, top_k, bm = 384, 7168, 256, 300, 1, 8
-    qe, pw = experts(e, n, k)
-    s = Schedule("indexed", bm, 128, 4, 6, 1, n_tiles=4)
-    cap = routing.sorted_ids_capacity(m * top_k, bm, e)
-    r0 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=1, device="cuda"), bm, e,
-                                  max_num_tokens_padded=cap)
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    out = poisoned(m * top_k, n)
-    ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s)
-    torch.cuda.synchronize()
-    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r0, top_k)) < BF16_TOL
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ops.gemm_indexed(x, pw, r0, top_k=top_k, out=out, schedule=s, check_routing=False)
-    for seed in (2, 3):
-        r1 = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=seed, device="cuda"), bm, e,
-                                      max_num_tokens_padded=cap)
-        r0.sorted_ids.copy_(r1.sorted_ids)
-        r0.expert_ids.copy_(r1.expert_ids)
-        r0.num_tokens_post_padded.copy_(r1.num_tokens_post_padded)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r1, top_k)) < BF16_TOL
+    check_indexed_graph_replay(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4), e=384, n=7168, k=256, m=300, top_k=1)
 
 
 def test_n_tiles_that_do_not_divide_n_are_refused():
