@@ -11,13 +11,15 @@
 # ---
 
 # %% [markdown]
-# # 06 — Split-K and the 2-CTA/SM window
+# # 06 — Split-K, the 2-CTA/SM window and multi-tile CTAs
 #
 # At TP8 one token, 8 of 384 experts are active and each GEMM has only a few output tiles: the
 # GPU idles unless K is split over more CTAs (`split_k`: fp32 partials, the last CTA of a tile
 # sums them in a fixed order, so the result is deterministic). Mid-size tiles gain from two
-# resident CTAs per SM (`ctas_per_sm`), which hides cp.async latency. Both are knobs of the one
-# kernel template. Stream-K and its shape-aware gate are planned (`chord.optimizations`).
+# resident CTAs per SM (`ctas_per_sm`), which hides cp.async latency. At short K (TP8 down: four
+# K blocks per tile) a CTA that walks several N blocks through one ring (`n_tiles`) keeps the
+# ring full instead of filling and draining it per tile. All are knobs of the one kernel
+# template. Stream-K and its shape-aware gate are planned (`chord.optimizations`).
 
 # %% tags=["parameters"]
 QUICK = True
@@ -28,7 +30,7 @@ from chord import optimizations
 from chord.workbench import best_by, decision_row, recorded_tuning
 from chord.workbench import figures
 
-for name in ("split-K", "bounded 2-CTA/SM window", "shape-aware stream-K gate"):
+for name in ("split-K", "bounded 2-CTA/SM window", "multi-tile CTAs", "shape-aware stream-K gate"):
     o = optimizations.BY_NAME[name]
     print(f"{name:28s} {o.status:12s} knob={o.knob}  {o.what}")
 
@@ -60,6 +62,20 @@ for r in cta_rows:
 figures.ablation_figure(cta_rows, ["1 CTA/SM", "2 CTAs/SM"], "TP8: best schedule with 1 vs 2 CTAs per SM")
 
 # %% [markdown]
+# ## Measured: multi-tile CTAs at short K (`n_tiles` 1 / 2 / 4, TP8 down, recorded `chord tune` run)
+# The same tuning run timed every one-tile candidate and the same schedules with n_tiles 2 and 4.
+
+# %%
+nt_points = [p for p in recorded_tuning("2026-12-01-h200-tuning-ep8decode-tp8-ntiles")
+             if p["scenario"].startswith("tp8") and p["gemm"] == "down"]
+nt_groups = {f"n_tiles {t}": (lambda t_: (lambda sch: sch.n_tiles == t_))(t) for t in (1, 2, 4)}
+nt_rows = best_by(nt_points, nt_groups)
+for r in nt_rows:
+    print(f"{r['scenario']:12s} " + "  ".join(f"{g}: {r[g + '_us']:7.1f} us" if r[g + "_us"] else f"{g}: -"
+                                              for g in nt_groups))
+figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n_tiles")
+
+# %% [markdown]
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
@@ -73,7 +89,8 @@ show_capture(SCENARIO, "indexed")
 # %% [markdown]
 # ## Invariant
 # Split-K spreads the same tiles over more CTAs (split_k x the tiles of the unsplit schedule),
-# and switching it off is the same schedule with split_k = 1.
+# and switching it off is the same schedule with split_k = 1; multi-tile CTAs do the opposite
+# along N (n_tiles times fewer CTAs), and switching them off is the same schedule with 1.
 
 # %%
 from chord.schedule import Schedule
@@ -88,3 +105,12 @@ if split.is_on(s):
     assert tile_count(384, 8 / 384, s.block_m, 512, s.block_n, s.split_k) == \
         s.split_k * tile_count(384, 8 / 384, off.block_m, 512, off.block_n, 1)
 print("split-K invariants hold for", s.id)
+
+# n_tiles: the CTAs along N shrink by n_tiles, and switching it off is the same schedule with 1
+d = Schedule.from_id(decision_row("tp8", "indexed", "down", 256 * 8 / 384)["schedule"])
+multi = optimizations.BY_NAME["multi-tile CTAs"]
+assert multi.is_on(d), d.id
+off = multi.switch_off(d)
+assert off.n_tiles == 1 and {kn for kn in d.knobs() if getattr(off, kn) != getattr(d, kn)} == {"n_tiles"}
+assert off.grid_n(7168) == d.n_tiles * d.grid_n(7168)
+print("n_tiles invariants hold for", d.id)
