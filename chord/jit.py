@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import re
@@ -160,8 +161,10 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
     cubin = out_dir / f"{safe}-{key}.cubin"
     log_path = cubin.with_suffix(".log")
     if cubin.exists():
-        if _intact(cubin):
-            log = log_path.read_text() if log_path.exists() else ""
+        with _cache_lock(shared=True):  # a consistent (cubin, digest) pair: no publish in between
+            intact = _intact(cubin)
+            log = log_path.read_text() if intact and log_path.exists() else ""
+        if intact:
             regs, spills = _parse_ptxas(log)
             return BuildResult(cubin, True, regs, spills, log)
         warnings.warn(f"chord: cached kernel {cubin} is damaged (not an ELF image, or its bytes differ from the "
@@ -188,24 +191,51 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
                 raise JitError(f"{name}: ptxas reports {spills} bytes of register spills (CHORD_PTXAS_CHECK=1)\n{log}")
             if _WGMMA_SERIALIZED in log:
                 raise JitError(f"{name}: ptxas serialized the wgmma instructions (CHORD_PTXAS_CHECK=1)\n{log}")
-        # Atomic publish: concurrent builders of one key each rename a complete file into place
-        # (their bytes may differ in embedded temp paths, both are valid builds); the digest
-        # goes first. A reader racing between the two renames sees a digest of the other
-        # builder's cubin, treats the entry as damaged and rebuilds: slower, never wrong.
+        # Publish: concurrent builders of one key (threads or processes) each stage complete
+        # files and rename them into place. Their bytes differ (nvcc embeds temporary names), so
+        # the digest and the cubin are renamed together under the cache's exclusive lock, and
+        # readers check the pair under the shared lock: every reader sees one builder's pair.
         tag = f"{os.getpid()}.{threading.get_ident()}"
         staged = out_dir / f".{cubin.name}.{tag}"
         shutil.copyfile(tmp_cubin, staged)
         staged_digest = out_dir / f".{cubin.name}.sha256.{tag}"
         staged_digest.write_text(hashlib.sha256(staged.read_bytes()).hexdigest() + "\n")
-        os.replace(staged_digest, _digest_path(cubin))
-        log_path.write_text(log)
-        os.replace(staged, cubin)
+        staged_log = out_dir / f".{cubin.name}.log.{tag}"
+        staged_log.write_text(log)
+        with _cache_lock(shared=False):
+            os.replace(staged_digest, _digest_path(cubin))
+            os.replace(staged_log, log_path)
+            os.replace(staged, cubin)
     if flag("CHORD_DUMP_SASS"):
         dump_sass(cubin)
     return BuildResult(cubin, False, regs, spills, log)
 
 
 _WGMMA_SERIALIZED = "wgmma.mma_async instructions are serialized"
+
+
+@contextlib.contextmanager
+def _cache_lock(shared: bool):
+    """flock on `<cache>/cubin.lock`: shared to read a (cubin, digest) pair, exclusive to publish
+    one (held for a few renames). Works across threads and processes on one machine."""
+    path = cache_dir() / "cubin.lock"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    except OSError as exc:
+        if shared:  # a read-only cache (prebuilt, mounted): nobody can publish into it, read as is
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                yield
+                return
+        else:
+            raise JitError(f"kernel cache lock {path} cannot be opened ({exc.strerror}); set CHORD_CACHE_DIR to "
+                           "a writable folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _digest_path(cubin: Path) -> Path:
