@@ -42,6 +42,15 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
 
 
+def random_expert_map(e_global: int, e_local: int, device: str | torch.device = "cuda") -> torch.Tensor:
+    """An expert-parallel `expert_map`: `e_local` random global experts get local ids 0..e_local-1,
+    the others -1 (not on this rank)."""
+    emap = torch.full((e_global,), -1, dtype=torch.int32, device=device)
+    local = torch.randperm(e_global, device=device)[:e_local]
+    emap[local] = torch.arange(e_local, dtype=torch.int32, device=device)
+    return emap
+
+
 _EXPERTS: dict = {}
 
 

@@ -26,6 +26,7 @@ def main() -> None:
     from chord.bench.runner import ChordAPI, _chord_calls
     from chord.bench.suite import load_suite
     from chord import ops
+    from chord.schedule import Schedule
 
     dev = torch.device("cuda")
     sc = load_suite().scenario(a.scenario)
@@ -35,7 +36,7 @@ def main() -> None:
     fi = I.family_inputs("indexed", data)
     prof = ChordAPI.profile("h200", sc.profile_deployment)
     gate_up, _down, gu, _dn, info = _chord_calls("indexed", sc, data, fi, w13, w2, prof)
-    s1 = ChordAPI.select(prof, "indexed", sc.experts, sc.n_gate_up, sc.k_gate_up, sc.rows, sc.top_k)
+    s1 = Schedule.from_id(info["schedule_gate_up"])  # the decision _chord_calls made, not a second one
     r1 = ChordAPI.align(data.topk_ids, s1.block_m, sc.experts)
 
     def checked():

@@ -12,7 +12,7 @@ import torch
 
 from chord import formats, ops, reference, routing
 from chord.schedule import Problem, Schedule, load_profile_file, select
-from chord.testing import check_indexed_graph_replay
+from chord.testing import check_indexed_graph_replay, random_expert_map
 
 pytestmark = pytest.mark.gpu
 
@@ -111,9 +111,7 @@ def test_indexed_overallocated_buffers_and_skip_blocks():
     e_global, e_local, n, k, m, top_k = 32, 16, 512, 1024, 53, 6
     qe, pw = weights(e_local, n, k)
     ids = routing.random_topk_ids(m, e_global, top_k, seed=3, device="cuda")
-    emap = torch.full((e_global,), -1, dtype=torch.int32, device="cuda")
-    local = torch.randperm(e_global, device="cuda")[:e_local]
-    emap[local] = torch.arange(e_local, dtype=torch.int32, device="cuda")
+    emap = random_expert_map(e_global, e_local)
     s = Schedule("indexed", 16, 256, 4, 4, 1)
     cap = routing.sorted_ids_capacity(m * top_k, 16, e_global) + 16 * 40
     r = routing.align_block_size(ids, 16, e_global, expert_map=emap, max_num_tokens_padded=cap)

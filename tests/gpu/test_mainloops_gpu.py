@@ -11,7 +11,8 @@ import torch
 
 from chord import ops, reference, routing
 from chord.schedule import Schedule, override
-from chord.testing import BF16_TOL, cached_random_experts, check_indexed_graph_replay, poisoned, rel_err, same_bits
+from chord.testing import (BF16_TOL, cached_random_experts, check_indexed_graph_replay, poisoned, random_expert_map,
+                           rel_err, same_bits)
 
 pytestmark = pytest.mark.gpu
 
@@ -155,9 +156,7 @@ def test_wgmma_overallocated_and_skip_blocks():
     e_global, e_local, n, k, m, top_k = 32, 16, 512, 1024, 77, 6
     qe, pw = experts(e_local, n, k)
     ids = routing.random_topk_ids(m, e_global, top_k, seed=3, device="cuda")
-    emap = torch.full((e_global,), -1, dtype=torch.int32, device="cuda")
-    local = torch.randperm(e_global, device="cuda")[:e_local]
-    emap[local] = torch.arange(e_local, dtype=torch.int32, device="cuda")
+    emap = random_expert_map(e_global, e_local)
     bm = 64
     cap = routing.sorted_ids_capacity(m * top_k, bm, e_global) + bm * 10
     r = routing.align_block_size(ids, bm, e_global, expert_map=emap, max_num_tokens_padded=cap)

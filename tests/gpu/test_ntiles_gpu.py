@@ -106,11 +106,3 @@ def test_n_tiles_tp8_down_shape_and_graph_replay():
     with new routing values in the captured buffers."""
     check_indexed_graph_replay(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4), e=384, n=7168, k=256, m=300, top_k=1)
 
-
-def test_n_tiles_that_do_not_divide_n_are_refused():
-    e, n, k = 4, 384, 256  # 3 N blocks of 128
-    qe, pw = experts(e, n, k)
-    x = torch.randn(8, k, device="cuda").bfloat16()
-    r = routing.align_block_size(routing.random_topk_ids(8, e, 1, seed=0, device="cuda"), 8, e)
-    with pytest.raises(ValueError, match="n_tiles=2 does not divide N=384"):
-        ops.gemm_indexed(x, pw, r, top_k=1, out=poisoned(8, n), schedule="idx-m8n128k64-w4-s6-c1-nt2")
