@@ -45,6 +45,9 @@ def _add_bench(sub) -> None:
                         "(same kernel, far less JIT time)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="time eager calls instead of CUDA-graph replays (host/launch time then counts too)")
+    p.add_argument("--policy", default=None,
+                   help="selection policy: 'profile' (the tuned rules) or 'heuristic[,-rule...]' (no profile row; "
+                        "rules: tok_e_block_m, wave_aware_bn, split_k_gate). Default $CHORD_POLICY or profile")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -54,6 +57,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.check_rows < 1:
         print("chord bench: --check-rows must be >= 1", file=sys.stderr)
         return 2
+    if args.policy is not None:
+        from chord.schedule import parse_policy
+
+        try:
+            os.environ["CHORD_POLICY"] = parse_policy(args.policy).name  # every select() of the run sees it
+        except ValueError as exc:
+            print(f"chord bench: --policy: {exc}", file=sys.stderr)
+            return 2
     opts = runner.BenchOptions(suite=args.suite, scenarios=args.scenarios, families=args.families,
                                humming_dir=args.humming_dir, out_dir=args.out, quick=args.quick, seed=args.seed,
                                check_rows=args.check_rows, profile_file=args.profile, codes=args.codes,

@@ -67,7 +67,7 @@ def render(schedule: "Schedule") -> str:
     if s.mainloop == "wgmma":
         loop = f"chord::WgmmaSwap64<{s.block_m}, {s.block_n}, {s.stages}, {s.wgmma_wait}, {s.producer}>"
     else:
-        loop = f"chord::MmaSwap16<{s.block_m}, {s.block_n}, {s.warps}, {s.stages}>"
+        loop = f"chord::MmaSwap16<{s.block_m}, {s.block_n}, {s.warps}, {s.stages}, {'true' if s.swap else 'false'}>"
     offsets = "".join(
         f"static_assert(offsetof(chord::GemmParams, {name}) == {off}, \"GemmParams.{name}: csrc and chord.jit disagree\");\n"
         for name, off in gemm_params_offsets().items())
@@ -336,6 +336,8 @@ def _progress(total: int, label: str) -> Callable[[BuildResult], None]:
 # load + launch (CUDA driver API through ctypes)
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1  # static shared memory of a function
+_MAX_SMEM_OPTIN = 227 * 1024  # shared memory one CTA may use on sm_90 (static + dynamic)
 
 
 class _Driver:
@@ -415,7 +417,15 @@ class Kernel:
                 fn = ctypes.c_void_p()
                 drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(fn), module, self.name.encode()),
                           f"cuModuleGetFunction({self.name})")
-                if self.smem_bytes > 48 * 1024:
+                # static + dynamic shared memory above 48 KB needs the opt-in attribute (a dynamic
+                # segment just under 48 KB plus the static row indices is over it too)
+                static = ctypes.c_int()
+                drv.check(drv.lib.cuFuncGetAttribute(ctypes.byref(static), _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn),
+                          "cuFuncGetAttribute(static smem)")
+                if self.smem_bytes + static.value > _MAX_SMEM_OPTIN:
+                    raise JitError(f"{self.cubin.name}: {self.smem_bytes} B dynamic + {static.value} B static shared "
+                                   f"memory exceed the {_MAX_SMEM_OPTIN} B one CTA may use on sm_90")
+                if self.smem_bytes + static.value > 48 * 1024:
                     drv.check(drv.lib.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                          self.smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
             self._funcs[device_index] = fn

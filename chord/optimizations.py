@@ -28,6 +28,15 @@ class Optimization:
     status: str  # IMPLEMENTED | PLANNED
     notebook: str  # the notebook that shows it
     issue: int | None = None  # where a planned one is being built
+    rule: str | None = None  # a policy entry's rule of chord.schedule.POLICY_RULES (the heuristic's)
+
+    @property
+    def policy_off(self) -> str:
+        """The selection policy with this rule switched off (policy entries with a heuristic rule):
+        ``select(profile, problem, policy=o.policy_off)``; its "on" side is ``"heuristic"``."""
+        if self.kind != "policy" or self.rule is None:
+            raise ValueError(f"optimization {self.name!r} is not a rule of the heuristic policy")
+        return f"heuristic,-{self.rule}"
 
     @property
     def off_value(self):
@@ -57,6 +66,10 @@ class Optimization:
             # tile becomes a 128-row mma tile, so an indexed call needs routing for that size)
             return override(schedule, mainloop=off, warps=4, wgmma_wait=KNOB["wgmma_wait"].default,
                             producer=KNOB["producer"].default, block_m=min(schedule.block_m, 128))
+        if self.knob == "swap":
+            # tokens on the M side come in 16-row MMA tiles: an 8-row tile becomes a 16-row one (an
+            # indexed call then needs routing for that block size)
+            return override(schedule, swap=off, block_m=-(-schedule.block_m // 16) * 16)
         return override(schedule, **{self.knob: off})
 
 
@@ -92,15 +105,24 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "one CTA per SM",
                  "knob", "ctas_per_sm", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("tok_e block-M rule",
-                 "the profile's rules pick block_m (and the main loop) from rows per expert, tuned per suite point "
-                 "by `chord tune`",
-                 "policy", None, IMPLEMENTED, "01_tokens_per_expert"),
+                 "block_m follows rows per expert: the profile's rules (tuned per suite point by `chord tune`) and, "
+                 "without a profile row, the heuristic's rule: the smallest token tile that covers an expert's "
+                 "rows (above the largest tile: the fewest tiles, then the least padding); off: 16 rows (mma) / "
+                 "128 rows (wgmma) for every batch",
+                 "policy", None, IMPLEMENTED, "01_tokens_per_expert", rule="tok_e_block_m"),
     Optimization("decode operand swap",
-                 "dequantized weights are the MMA M operand and tokens the N side; the unswapped side (tokens on "
-                 "M in 16-row tiles) does not exist yet, so it cannot be switched off",
-                 "knob", None, PLANNED, "03_decode_operand_swap", issue=9),
-    Optimization("wave-aware BN", "BN=256 only when there are enough N blocks for whole waves, else 128",
-                 "policy", None, PLANNED, "04_wave_aware_bn", issue=8),
+                 "dequantized weights are the MMA M operand (16 features per m16n8k16) and tokens the N side in "
+                 "8-token tiles; off: tokens on M in 16-row tiles (an 8-row tile grows to 16) and the same weight "
+                 "registers as two n8 B operands",
+                 "knob", "swap", IMPLEMENTED, "03_decode_operand_swap"),
+    Optimization("wave-aware BN",
+                 "BN=256 only when its tiles fill whole waves of the SMs (at least one wave and >= 90 % of the "
+                 "last), else 128; off: BN=128",
+                 "policy", None, IMPLEMENTED, "04_wave_aware_bn", rule="wave_aware_bn"),
+    Optimization("split-K gate",
+                 "split-K only when the tile grid fills less than half the CTA slots and K has >= 32 blocks (TP8 "
+                 "one token): the largest split that fits; off: never split",
+                 "policy", None, IMPLEMENTED, "06_split_and_stream_k", rule="split_k_gate"),
     Optimization("shape-aware stream-K gate", "no stream-K when the M x N tile grid already fills the GPU",
                  "policy", None, PLANNED, "06_split_and_stream_k", issue=6),
     Optimization("semi-static token slicing", "a static split of each expert's rows over CTAs instead of a queue",

@@ -8,6 +8,10 @@ Profiles (``profiles/<gpu>.json``) hold one entry per deployment (``ep8-prefill`
 ``ep8-decode``, ``tp8``), each a list of rules per family ordered by
 ``max_rows_per_expert``; the first rule whose bound covers the problem's expected rows per
 expert gives the schedule, which is then fitted to N (block_n must divide N).
+
+Without profile rows (``CHORD_POLICY=heuristic``, or ``select(..., policy="heuristic")``) the
+heuristic's selection rules decide alone (block_m from rows per expert, wave-aware BN, the
+split-K gate; ``POLICY_RULES``), each of which can be switched off for its ablation.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ K_BLOCK = 64  # K elements per pipeline stage (fixed by the swap16 layout)
 MAX_SMEM_PER_CTA = 227 * 1024
 WGMMA_OTHER_REGS = 48  # registers a wgmma thread needs besides its block_m/2 accumulators (ptxas -v)
 WGMMA_PRODUCER_REGS = 88  # setmaxnreg of the producer warpgroup (WgmmaSwap64::kProducerRegs)
+WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)  # wgmma token tiles worth building (N = 8..256)
 
 
 def _check_family(family: str) -> str:
@@ -82,6 +87,9 @@ KNOBS: tuple[Knob, ...] = (
          "copies and a CTA barrier per K block publishes it", off=0, requires=(("mainloop", "wgmma"),)),
     Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "RASTER",
          "token tiles per raster group walked over all N blocks (0: launch order)", off=0),
+    Knob("swap", "swap", 1, (0, 1), "SWAP",
+         "mma: 1 = operand swap (weights on the MMA M side, tokens on N in 8-token tiles), 0 = tokens on M in "
+         "16-row tiles and weights on N (the swap's off side)", off=0, requires=(("mainloop", "mma"),)),
     Knob("n_tiles", "nt", 1, (1, 2, 4, 8), "NTILES",
          "consecutive N blocks one CTA walks through one continuous ring (the next tile loads while a "
          "tile's epilogue runs; for short K, where a one-tile CTA mostly fills and drains its ring)", off=1),
@@ -104,6 +112,7 @@ class Schedule:
     wgmma_wait: int = 1  # wgmma groups in flight while the next K block is dequantized
     producer: int = 0  # wgmma: 1 = a producer warp + mbarriers (warp-specialized)
     raster: int = 0  # token tiles per raster group (0: launch order)
+    swap: int = 1  # mma: 1 = weights on the MMA M side (operand swap), 0 = tokens on M (16-row tiles)
     n_tiles: int = 1  # consecutive N blocks per CTA, one continuous ring
 
     def __post_init__(self) -> None:
@@ -127,6 +136,8 @@ class Schedule:
                                  f"(one warp per 16 output features), got {self.warps}")
             if self.stages < 3:
                 raise ValueError(f"stages must be >= 3 for mainloop wgmma, got {self.stages}")
+            if self.swap != 1:
+                raise ValueError(f"swap applies to mainloop mma only (wgmma always has the weights on M), got swap={self.swap}")
             if self.producer and self.ctas_per_sm != 1:
                 raise ValueError(f"producer=1 (setmaxnreg) needs ctas_per_sm=1, got {self.ctas_per_sm}")
             if self.producer:  # setmaxnreg: consumers get what the producer warpgroup gives back
@@ -150,17 +161,27 @@ class Schedule:
             for name in ("wgmma_wait", "producer"):
                 if getattr(self, name) != KNOB[name].default:
                     raise ValueError(f"{name} applies to mainloop wgmma only, got {getattr(self, name)} with mma")
+            if (self.block_m, self.block_n, self.stages) == (56, 256, 2) and self.warps <= 4:
+                # found by tests/gpu/test_fuzz_gpu.py: this one instantiation (any family, split-K,
+                # raster or CTAs per SM) stops with "illegal instruction" (CUDA error 715) on the
+                # H200; block_m 48/64, 3 stages, BN 128 or 8 warps run correctly. Not understood yet
+                # (docs/reliability.md, issue 7): refused before it can kill a CUDA context.
+                raise ValueError("mainloop mma with block_m=56, block_n=256, stages=2 and warps<=4 traps on sm_90 "
+                                 "(illegal instruction, an open bug: docs/reliability.md); use stages >= 3")
+            if self.swap == 0 and self.block_m % 16:
+                raise ValueError(f"swap=0 (tokens on the MMA M side) needs block_m a multiple of 16, got {self.block_m}")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages must be in [2, 12], got {self.stages}")
         if self.n_tiles > 1 and (self.split_k != 1 or self.producer):
             raise ValueError(f"n_tiles={self.n_tiles} needs split_k=1 and producer=0 (one output tile per split-K CTA; "
                              f"the producer loop walks one tile), got split_k={self.split_k}, producer={self.producer}")
-        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "raster", "n_tiles"):
+        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "raster", "swap", "n_tiles"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
-        if self.smem_bytes > MAX_SMEM_PER_CTA:
-            raise ValueError(f"schedule {self.id} needs {self.smem_bytes} B of shared memory (> {MAX_SMEM_PER_CTA})")
+        if self.smem_bytes + self.static_smem_bytes > MAX_SMEM_PER_CTA:
+            raise ValueError(f"schedule {self.id} needs {self.smem_bytes} B of dynamic + up to {self.static_smem_bytes} B "
+                             f"of static shared memory (> {MAX_SMEM_PER_CTA} a CTA may use)")
 
     @property
     def id(self) -> str:
@@ -193,6 +214,13 @@ class Schedule:
         return (ring + epilogue if self.n_tiles > 1 else max(ring, epilogue)) + slack
 
     @property
+    def static_smem_bytes(self) -> int:
+        """Upper bound of the kernel's static shared memory: the tile's input and output row
+        indices (2 x 8 B per token row) plus the scalars and mbarriers (ptxas -v: 16 x block_m +
+        128 at most on every schedule built); it counts against the same 227 KB as the ring."""
+        return 16 * self.block_m + 256
+
+    @property
     def block_n_cta(self) -> int:
         """Output features one CTA computes (block_n x n_tiles)."""
         return self.block_n * self.n_tiles
@@ -220,7 +248,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-r8][-nt4]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-r8][-swap0][-nt4]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):
@@ -508,7 +536,13 @@ def _rule_for(rules: tuple, rows_per_expert: float, k: int) -> Rule:
 
 
 @lru_cache(maxsize=4096)
-def _explain(profile: Profile, problem: Problem) -> Decision:
+def _explain(profile: Profile, problem: Problem, policy: "Policy | None" = None) -> Decision:
+    if policy is not None and policy.source != "profile":
+        dec = (_heuristic_decision(profile, problem, policy) if policy.source == "heuristic"
+               else _batch_invariant_decision(profile, problem))
+        if flag("CHORD_PRINT_SCHEDULES"):
+            print(f"[chord] {dec.profile} {problem}: {dec.reason}")
+        return dec
     rules = profile.rules.get(problem.family)
     if not rules:
         raise ValueError(f"profile {profile.name} has no rules for family {problem.family!r}")
@@ -526,20 +560,32 @@ def _explain(profile: Profile, problem: Problem) -> Decision:
     return dec
 
 
-def explain(profile: Profile | str, problem: Problem) -> Decision:
-    return _explain(load_profile(profile), problem)
+def explain(profile: Profile | str, problem: Problem, policy: "Policy | str | None" = None) -> Decision:
+    """What `select` chose for `problem`, the candidates it considered and why."""
+    pol = current_policy() if policy is None else parse_policy(policy)
+    return _explain(load_profile(profile), problem, None if pol.source == "profile" else pol)
 
 
-def select(profile: Profile | str, problem: Problem) -> Schedule:
-    """The schedule for `problem` under `profile`: pure function of host integers, memoized."""
-    return _explain(load_profile(profile), problem).schedule
+def select(profile: Profile | str, problem: Problem, policy: "Policy | str | None" = None) -> Schedule:
+    """The schedule for `problem` under `profile`: pure function of host integers, memoized.
+
+    `policy` (default: $CHORD_POLICY, see :func:`parse_policy`): ``"profile"`` uses the tuned
+    profile's rules; ``"heuristic"`` the selection rules of :func:`_heuristic_decision` alone (no
+    profile row), each of which can be switched off (``"heuristic,-wave_aware_bn"``)."""
+    return explain(profile, problem, policy).schedule
 
 
 def schedule_table(profile: Profile | str, family: str, num_experts: int, n: int, k: int,
-                   top_k: int = 1) -> list[tuple[int, int, Schedule]]:
+                   top_k: int = 1, policy: "Policy | str | None" = None) -> list[tuple[int, int, Schedule]]:
     """The profile as `(min_rows, max_rows, schedule)` rows over routed rows (exclusive lower,
-    inclusive upper bound), e.g. for vLLM's tuning-config rows. The last max is 2**31-1."""
+    inclusive upper bound), e.g. for vLLM's tuning-config rows. The last max is 2**31-1. Under
+    the heuristic policy, the heuristic's own step function (the same decisions `select` makes)."""
     prof = load_profile(profile)
+    pol = current_policy() if policy is None else parse_policy(policy)
+    if pol.source == "heuristic":
+        return _heuristic_table(prof, _check_family(family), num_experts, n, k, top_k, pol)
+    if pol.source == "batch_invariant":
+        return [(0, 2**31 - 1, _explain(prof, Problem(_check_family(family), num_experts, n, k, 1, top_k), pol).schedule)]
     rules = prof.rules.get(_check_family(family))
     if not rules:
         raise ValueError(f"profile {prof.name} has no rules for family {family!r}")
@@ -568,3 +614,242 @@ def as_dict(schedule: Schedule) -> dict:
 
 def iter_schedules(profile_file: str = "h200") -> Iterable[Schedule]:
     return load_profile_file(profile_file).all_schedules()
+
+
+# ---------------------------------------------------------------------------------------------
+# selection policy: the tuned profile, or the heuristic's rules (each can be switched off)
+
+#: the heuristic's rules, each a selection-policy entry of chord.optimizations
+POLICY_RULES = {
+    "tok_e_block_m": "block_m from rows per touched expert: the legal tile that pads them least (ties: the "
+                     "larger); off: 16 rows (mma) / 128 rows (wgmma) whatever the batch",
+    "wave_aware_bn": "BN = 256 only when its tiles fill whole waves of the SMs (at least one wave, >= 90 % of "
+                     "the last one used), else 128; off: BN = 128",
+    "split_k_gate": "split-K only when the tile grid fills less than half the CTA slots and K is long (>= 32 "
+                    "K blocks): the largest split that fits the slots; off: never split",
+}
+SMS_H200 = 132
+SMEM_PER_SM = 228 * 1024
+WGMMA_MIN_ROWS_PER_EXPERT = 40  # rows per touched expert above which the heuristic takes wgmma
+
+
+POLICY_SOURCES = ("profile", "heuristic", "batch_invariant")
+BATCH_INVARIANT_ROWS_PER_EXPERT = 64  # the batch the batch-invariant schedule of a layer is chosen for
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How `select` decides: ``source`` "profile" (the tuned rules), "heuristic" (the rules of
+    POLICY_RULES alone, those in ``off`` switched off) or "batch_invariant" (one schedule per
+    layer whatever the batch, without split-K, so a row's output bits do not depend on which
+    other rows share its batch: vLLM's ``VLLM_BATCH_INVARIANT=1``)."""
+
+    source: str = "profile"
+    off: frozenset = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.source not in POLICY_SOURCES:
+            raise ValueError(f"policy source must be 'profile', 'heuristic' or 'batch_invariant', got {self.source!r}")
+        bad = sorted(set(self.off) - set(POLICY_RULES))
+        if bad:
+            raise ValueError(f"policy: unknown rules {bad} (the heuristic's rules are {sorted(POLICY_RULES)})")
+        if self.off and self.source != "heuristic":
+            raise ValueError("policy: rules can be switched off only under the heuristic source")
+
+    def on(self, rule: str) -> bool:
+        return rule not in self.off
+
+    @property
+    def name(self) -> str:
+        return ",".join([self.source, *(f"-{r}" for r in sorted(self.off))])
+
+
+@lru_cache(maxsize=64)
+def _parse_policy_text(text: str) -> Policy:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        return Policy()
+    off = []
+    for p in parts[1:]:
+        if not p.startswith("-"):
+            raise ValueError(f"policy {text!r}: after the source come rules to switch off, as '-<rule>', got {p!r}")
+        off.append(p[1:])
+    return Policy(parts[0], frozenset(off))
+
+
+def parse_policy(policy: "Policy | str") -> Policy:
+    """A Policy, or its text: ``profile`` | ``heuristic[,-rule...]`` (rules of POLICY_RULES)."""
+    if isinstance(policy, Policy):
+        return policy
+    if not isinstance(policy, str):
+        raise TypeError(f"policy must be a Policy or a str like 'heuristic,-wave_aware_bn', got {type(policy).__name__}")
+    return _parse_policy_text(policy)
+
+
+def current_policy() -> Policy:
+    """$CHORD_POLICY (default ``profile``): the policy every caller's `select` uses, so a shape
+    gets one decision whoever calls (chord.ops, chord bench, the humming root)."""
+    text = os.environ.get("CHORD_POLICY", "profile")
+    try:
+        return _parse_policy_text(text)
+    except ValueError as exc:
+        raise ValueError(f"CHORD_POLICY={text!r}: {exc}") from None
+
+
+def touched_experts(num_experts: int, rows: int) -> float:
+    """Expected experts with at least one of `rows` uniformly routed rows."""
+    if rows <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** rows)
+
+
+def _waves(tiles: int, slots: int) -> tuple[int, float]:
+    """(waves, fraction of the last wave's slots used)."""
+    if tiles <= 0:
+        return 0, 0.0
+    w = -(-tiles // slots)
+    return w, (tiles - (w - 1) * slots) / slots
+
+
+def _fitted(family: str, mainloop: str, bm: int, bn: int, n: int, **kw) -> Schedule | None:
+    """The heuristic's schedule for one tile: the most CTAs per SM (2 then 1) whose registers fit,
+    then the deepest ring that fits their shared memory (mma up to 8 stages, wgmma up to 5), fitted
+    to N; None when no such schedule is valid."""
+    for c in (2, 1):
+        for stages in range(8 if mainloop == "mma" else 5, 2, -1):
+            knobs = dict(block_m=bm, block_n=bn, warps=bn // 16 if mainloop == "wgmma" else 4, stages=stages,
+                         ctas_per_sm=c, mainloop=mainloop, **kw)
+            try:
+                sch = _fit_schedule(family, knobs, n)
+            except ValueError:
+                continue
+            if c * (sch.smem_bytes + 1024) <= SMEM_PER_SM:
+                return sch
+    return None
+
+
+def _refit(s: Schedule, extra: dict, why: list) -> Schedule:
+    """`s` with `extra` knobs, at the deepest ring that still fits its CTAs per SM (n_tiles > 1 adds
+    an epilogue tile after the ring); without n_tiles when no depth fits."""
+    for attempt in (extra, {k: v for k, v in extra.items() if k != "n_tiles"}):
+        for stages in range(s.stages, 2 if s.mainloop == "wgmma" else 1, -1):
+            try:
+                c = replace(s, stages=stages, **attempt)
+            except ValueError:
+                continue
+            if c.ctas_per_sm * (c.smem_bytes + 1024) <= SMEM_PER_SM:
+                return c
+        if "n_tiles" in extra:
+            why.append("n_tiles dropped: no ring depth fits its epilogue tile")
+    return s
+
+
+def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> Decision:
+    """The schedule the heuristic's rules give `problem` (host integers only, no profile row)."""
+    p, sms = problem, SMS_H200
+    rows = _heuristic_rows(p.rows)
+    kb = p.k // K_BLOCK
+    et = float(max(1, min(p.num_experts, rows)))  # touched experts: all, or one per row (balanced routing)
+    rt = rows / et  # rows per touched expert
+    mainloop = "wgmma" if rt > WGMMA_MIN_ROWS_PER_EXPERT else "mma"
+    why = [f"{rows} rows over ~{et:.0f} touched experts = {rt:.1f} rows each -> {mainloop}"]
+    top = 256 if mainloop == "wgmma" else 128
+    cands = tuple(b for b in (WGMMA_BLOCK_MS if mainloop == "wgmma" else (8, 16, 32, 64, 128)) if b <= top)
+    if policy.on("tok_e_block_m"):
+        need = max(rt, 1.0)
+        if need <= cands[-1]:  # one token tile per expert: the smallest that covers its rows
+            bm = min(b for b in cands if b >= need)
+        else:  # the fewest tiles, then the least padding
+            t = math.ceil(need / cands[-1])
+            bm = min(b for b in cands if math.ceil(need / b) == t)
+        why.append(f"tok_e_block_m: block_m {bm} ({math.ceil(need / bm)} tile(s) of {rt:.1f} rows per expert, "
+                   f"padded to {math.ceil(need / bm) * bm})")
+    else:
+        bm = 128 if mainloop == "wgmma" else 16
+        why.append(f"tok_e_block_m off: block_m {bm}")
+    m_tiles = max(1, round(et * math.ceil(max(rt, 1.0) / bm)))
+
+    def tiles_of(s: Schedule) -> tuple[int, int]:
+        return m_tiles * s.grid_n(p.n), sms * s.ctas_per_sm
+
+    # BN = 256 needs (for wgmma) 16 warps whose registers hold block_m/2 accumulators each
+    s128 = _fitted(p.family, mainloop, bm, 128, p.n)
+    s256 = _fitted(p.family, mainloop, bm, 256, p.n) if p.n % 256 == 0 else None
+    if s128 is None and s256 is None:  # the widest legal tile for a tall block_m
+        raise ValueError(f"heuristic: no legal schedule for {p} with block_m {bm}")
+    chosen = s128 or s256
+    if policy.on("wave_aware_bn") and s256 is not None:
+        t256, slots256 = tiles_of(s256)
+        w, last = _waves(t256, slots256)
+        if t256 >= slots256 and last >= 0.9 or s128 is None:
+            chosen = s256
+            why.append(f"wave_aware_bn: BN 256 ({t256} tiles = {w} waves of {slots256}, last {100 * last:.0f} % full)")
+        else:
+            why.append(f"wave_aware_bn: BN 128 (BN 256 would be {t256} tiles = {w} waves of {slots256}, "
+                       f"last {100 * last:.0f} % full)")
+    elif s128 is not None:
+        why.append("wave_aware_bn off: BN 128" if not policy.on("wave_aware_bn") else "BN 128 (N has no 256 blocks)")
+    extra: dict = {}
+    tiles, slots = tiles_of(chosen)
+    if mainloop == "wgmma" and math.ceil(max(rt, 1.0) / bm) > 1:
+        extra["raster"] = 8
+        why.append("raster 8 (several token tiles per expert share its weights in L2)")
+    if kb <= 8 and tiles >= 2 * slots:
+        nt = 4 if tiles >= 4 * slots else 2
+        extra["n_tiles"] = _fit_n_tiles(nt, p.n // chosen.block_n)
+        why.append(f"n_tiles {extra['n_tiles']} ({kb} K blocks: one ring over several N blocks)")
+    if policy.on("split_k_gate") and tiles * 2 <= slots and kb >= 32:
+        legal = [z for z in KNOB["split_k"].legal if z > 1 and tiles * z <= slots and kb // z >= 4]
+        if legal:
+            extra["split_k"] = max(legal)
+            why.append(f"split_k_gate: split-K {extra['split_k']} ({tiles} tiles fill {slots} slots "
+                       f"{100 * tiles / slots:.0f} %)")
+    elif not policy.on("split_k_gate"):
+        why.append("split_k_gate off: no split-K")
+    if extra:
+        chosen = _refit(chosen, extra, why)
+    cands = tuple(s for s in (s128, s256) if s is not None)
+    return Decision(problem, chosen, f"{profile.gpu}:heuristic", cands,
+                    f"heuristic ({policy.name}): " + "; ".join(why) + f" -> {chosen.id}")
+
+
+_ROW_GRID = tuple(sorted({math.floor(2.0 ** (j / 64) + 1e-9) for j in range(0, 64 * 31 + 1)}))
+
+
+def _batch_invariant_decision(profile: Profile, problem: Problem) -> Decision:
+    """One schedule per layer (family, experts, N, K): the heuristic's for
+    BATCH_INVARIANT_ROWS_PER_EXPERT rows per expert, without split-K (it changes the order of the
+    K sum) and without the batch-dependent knobs, whatever `problem.rows` is."""
+    p = problem
+    ref = Problem(p.family, p.num_experts, p.n, p.k, BATCH_INVARIANT_ROWS_PER_EXPERT * p.num_experts, p.top_k)
+    base = _heuristic_decision(profile, ref, Policy("heuristic")).schedule
+    s = replace(base, split_k=1)
+    return Decision(problem, s, f"{profile.gpu}:batch_invariant", (s,),
+                    f"batch_invariant: one schedule for every batch of this layer (the heuristic's at "
+                    f"{BATCH_INVARIANT_ROWS_PER_EXPERT} rows per expert, no split-K) -> {s.id}")
+
+
+def _heuristic_rows(rows: int) -> int:
+    """Routed rows as the heuristic sees them: snapped down to a grid of 64 points per octave
+    (every count up to 92 exactly), so its decisions are a step function whose table
+    (`schedule_table`) `select` matches exactly."""
+    import bisect
+
+    return _ROW_GRID[max(0, bisect.bisect_right(_ROW_GRID, max(rows, 1)) - 1)]
+
+
+def _heuristic_table(profile: Profile, family: str, num_experts: int, n: int, k: int, top_k: int,
+                     policy: Policy) -> list[tuple[int, int, Schedule]]:
+    # rows in [g_i, g_i+1) are decided at grid point g_i: table rows (g_i - 1, g_i+1 - 1]
+    out: list = []
+    grid = [g for g in _ROW_GRID if g <= num_experts * 4096]
+    for i, g in enumerate(grid):
+        s = _explain(profile, Problem(family, num_experts, n, k, g, top_k), policy).schedule
+        hi = grid[i + 1] - 1 if i + 1 < len(grid) else 2**31 - 1
+        lo = 0 if i == 0 else g - 1
+        if out and out[-1][2] == s:
+            out[-1] = (out[-1][0], hi, s)
+        else:
+            out.append((lo, hi, s))
+    out[-1] = (out[-1][0], 2**31 - 1, out[-1][2])
+    return out

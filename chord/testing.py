@@ -99,3 +99,30 @@ def check_indexed_graph_replay(schedule, e: int, n: int, k: int, m: int, top_k: 
         g.replay()
         torch.cuda.synchronize()
         assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r1, top_k)) < tol, f"{schedule.id} seed {seed}"
+
+
+def profile_rule_schedules(ns: tuple = (512,), family: str | None = None, profile_file: str = "h200") -> list:
+    """Every schedule a rule of the profile gives, fitted to each N of `ns` (of `family`, or all),
+    once each, sorted by id: what the GPU tests walk to cover the profile."""
+    from chord.schedule import _fit_schedule, load_profile_file
+
+    out: dict = {}
+    for prof in load_profile_file(profile_file).deployments.values():
+        for fam, rules in prof.rules.items():
+            if family is not None and fam != family:
+                continue
+            for rule in rules:
+                for n in ns:
+                    s = _fit_schedule(fam, rule.schedule, n)
+                    out.setdefault(s.id, s)
+    return sorted(out.values(), key=lambda s: s.id)
+
+
+def capture_graph(calls):
+    """Runs `calls()` once (loads the modules), then captures it into a CUDA graph and returns it."""
+    calls()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    return graph

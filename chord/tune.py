@@ -24,15 +24,15 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from chord.schedule import MAX_SMEM_PER_CTA, Problem, Schedule, load_profile, select
+from chord.schedule import MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, select
 
 BLOCK_MS = (8, 16, 32, 64)
 BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
 SPLITS = (2, 4, 8)
 SPLIT_TOL = 1e-3  # split-K / another main loop sum in another order: compared by relative error, not bits
-# wgmma token tiles: any multiple of 8 is one instruction shape (m64nBTk16); 48/96/192 cut the
-# padding where rows per expert sit between powers of two (TP8 m4096: 85 rows per expert)
-WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)
+# wgmma token tiles (chord.schedule.WGMMA_BLOCK_MS): any multiple of 8 is one instruction shape
+# (m64nBTk16); 48/96/192 cut the padding where rows per expert sit between powers of two (TP8
+# m4096: 85 rows per expert)
 WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 features x >= 8 tokens) is not tried
 RASTERS = (0, 8)  # wgmma candidates at >= 64 rows per expert
 SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that walk several N blocks
@@ -248,7 +248,7 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
                     out.fill_(float("nan"))
                     fn()
                     torch.cuda.synchronize()
-                    exact = s.split_k == default.split_k == 1 and s.mainloop == default.mainloop
+                    exact = s.split_k == default.split_k == 1 and s.mainloop == default.mainloop and s.swap == default.swap
                     if not _agrees(out, ref, exact=exact):
                         rejected.append(s.id)
                         log(f"  REJECTED {s.id}: output differs from {default.id}")

@@ -77,7 +77,7 @@ struct MoeKernel {
     // the threads that hold accumulators (a producer warpgroup has left by then).
     auto epilogue = [&](int t, const typename Mainloop::Acc& a) {
       constexpr int kEpi = Mainloop::kEpilogueThreads;
-      store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads>(
+      store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads, Mainloop::kSwapped>(
           p, a, tc.n_block * NTILES + t, out_row, smem + kEpiOffset);
     };
     Mainloop::template run<NTILES>(p, e, tc.n_block * NTILES, in_row, kb_begin, kb_end, smem, acc, epilogue);

@@ -117,11 +117,18 @@ def _profile(family: str, num_experts: int, n: int, k: int):
     return profile_for(family, num_experts, n, k)
 
 
-def schedule_rows(family: str, num_experts: int, n: int, k: int, top_k: int = 1):
+def policy_name() -> str:
+    """chord's selection policy in force ($CHORD_POLICY): part of every cached tuning table's key."""
+    from chord.schedule import current_policy
+
+    return current_policy().name
+
+
+def schedule_rows(family: str, num_experts: int, n: int, k: int, policy: str | None = None, top_k: int = 1):
     """chord.schedule's table for this layer: [(min_rows (exclusive), max_rows, Schedule)]."""
     from chord.schedule import schedule_table
 
-    return schedule_table(_profile(family, num_experts, n, k), family, num_experts, n, k, top_k)
+    return schedule_table(_profile(family, num_experts, n, k), family, num_experts, n, k, top_k, policy)
 
 
 def select_schedule(family: str, num_experts: int, n: int, k: int, rows: int, top_k: int = 1):

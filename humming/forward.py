@@ -43,12 +43,18 @@ def _as_key(config: Any) -> Optional[str]:
 
 @lru_cache(maxsize=256)
 def _compute_flags(compute_config: Optional[str]) -> str:
-    """gemm_type of a compute_config JSON (refuses f16 accumulation and batch invariance)."""
+    """gemm_type of a compute_config JSON (refuses f16 accumulation)."""
+    return _flags(compute_config)[0]
+
+
+@lru_cache(maxsize=256)
+def _flags(compute_config: Optional[str]) -> tuple[str, bool]:
+    """(gemm_type, batch-invariant mode) of a compute_config JSON."""
     cfg = json.loads(compute_config) if compute_config else {}
     if not isinstance(cfg, dict):
         raise ValueError(f"compute_config must be a JSON object, got {compute_config!r}")
-    tune.check_compute_flags(cfg.get("use_f16_accum", False), cfg.get("use_batch_invariant", False))
-    return tune._gemm_type(cfg.get("gemm_type", "dense")).value
+    invariant = tune.check_compute_flags(cfg.get("use_f16_accum", False), cfg.get("use_batch_invariant", False))
+    return tune._gemm_type(cfg.get("gemm_type", "dense")).value, invariant
 
 
 @lru_cache(maxsize=256)
@@ -85,10 +91,14 @@ def _plan(compute_config: Optional[str], tuning_config: Optional[str], num_exper
     key = (compute_config, tuning_config, num_experts, shape_n, shape_k, valid_shape_m)
     plan = _PLANS.get(key)
     if plan is None:
-        gemm_type = _compute_flags(compute_config)
+        gemm_type, invariant = _flags(compute_config)
         family = tune.family_for(gemm_type, num_experts)
         rows = (_tuning_rows(tuning_config) if tuning_config is not None
-                else tune.rows_for(family, num_experts or 1, shape_n, shape_k))
+                else tune.rows_for(family, num_experts or 1, shape_n, shape_k, invariant))
+        if invariant and len({cfg["schedule"] for _, _, cfg in rows}) > 1:
+            raise ValueError("compute_config asks for batch-invariant mode (use_batch_invariant), but tuning_config "
+                             "has several schedules over M: build it with humming.tune.get_heuristics_config("
+                             "..., use_batch_invariant=True)")
         cfg = tune.row_for(rows, valid_shape_m)
         if cfg.get("family", family) != family:
             raise ValueError(f"tuning_config was made for the {cfg.get('family')} family, but compute_config asks "

@@ -7,9 +7,10 @@ entry is Chord's block_m for the range. The rows are chord.schedule's table for 
 (humming adds no heuristic of its own); each config also carries the schedule id, which
 :func:`humming.forward.humming_forward` launches, so routing and kernel always agree.
 
-Refused: ``use_f16_accum`` (``VLLM_HUMMING_USE_F16_ACCUM=1``; Chord accumulates in fp32) and
-``use_batch_invariant`` (``VLLM_BATCH_INVARIANT=1``; Chord picks block sizes by batch size and
-that invariance is not proven).
+``use_batch_invariant`` (``VLLM_BATCH_INVARIANT=1``): the rows are one row, chord's
+``batch_invariant`` policy: one schedule for the layer whatever the batch, without split-K, so a
+row's output bits do not depend on the other rows of its batch. Refused: ``use_f16_accum``
+(``VLLM_HUMMING_USE_F16_ACCUM=1``; Chord accumulates in fp32).
 """
 from __future__ import annotations
 
@@ -55,16 +56,16 @@ def family_for(gemm_type: Any, layer_config: "LayerConfig | int") -> str:
     return _FAMILY[gt]
 
 
-def check_compute_flags(use_f16_accum: Any = False, use_batch_invariant: Any = False) -> None:
+def check_compute_flags(use_f16_accum: Any = False, use_batch_invariant: Any = False) -> bool:
+    """Refuses what Chord does not compute; returns whether batch-invariant mode is asked for."""
+    for name, v in (("use_f16_accum", use_f16_accum), ("use_batch_invariant", use_batch_invariant)):
+        if not isinstance(v, (bool, int)) or isinstance(v, int) and not isinstance(v, bool) and v not in (0, 1):
+            raise TypeError(f"{name} must be a bool, got {v!r}")
     if use_f16_accum:
         raise ChordUnsupportedError(
             "FP16 accumulation (VLLM_HUMMING_USE_F16_ACCUM=1 / use_f16_accum=True)",
             "Chord's kernels accumulate in fp32; unset VLLM_HUMMING_USE_F16_ACCUM.")
-    if use_batch_invariant:
-        raise ChordUnsupportedError(
-            "Batch-invariant mode (VLLM_BATCH_INVARIANT=1 / use_batch_invariant=True)",
-            "Chord chooses block sizes by batch size and bit-identical results across batch sizes are not "
-            "proven; unset VLLM_BATCH_INVARIANT or use another MoE backend.")
+    return bool(use_batch_invariant)
 
 
 def _config_row(schedule) -> dict[str, Any]:
@@ -79,14 +80,22 @@ def _config_row(schedule) -> dict[str, Any]:
     }
 
 
-def _rows(layer_config: LayerConfig, family: str) -> tuple[tuple[int, int, dict[str, Any]], ...]:
-    return rows_for(family, layer_config.kernel_experts, layer_config.shape_n, layer_config.shape_k)
+def _rows(layer_config: LayerConfig, family: str, batch_invariant: bool = False
+          ) -> tuple[tuple[int, int, dict[str, Any]], ...]:
+    return rows_for(family, layer_config.kernel_experts, layer_config.shape_n, layer_config.shape_k, batch_invariant)
+
+
+def rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, batch_invariant: bool = False
+             ) -> tuple[tuple[int, int, dict[str, Any]], ...]:
+    """The rows of a layer with `num_experts` (packed) experts of padded size shape_n x shape_k,
+    under chord's current selection policy ($CHORD_POLICY), or its batch-invariant policy (one row)."""
+    return _rows_for(family, num_experts, shape_n, shape_k, "batch_invariant" if batch_invariant
+                     else _chord.policy_name())
 
 
 @lru_cache(maxsize=1024)
-def rows_for(family: str, num_experts: int, shape_n: int, shape_k: int) -> tuple[tuple[int, int, dict[str, Any]], ...]:
-    """The rows of a layer with `num_experts` (packed) experts of padded size shape_n x shape_k."""
-    table = _chord.schedule_rows(family, num_experts, shape_n, shape_k)
+def _rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, policy: str):
+    table = _chord.schedule_rows(family, num_experts, shape_n, shape_k, policy)
     rows = []
     for i, (lo, hi, schedule) in enumerate(table):
         # the first row also takes valid_shape_m == 0 (vLLM matches min < m <= max)
@@ -110,12 +119,12 @@ def get_heuristics_config(
     ``config["block_shape"] = [block_m, block_n, 64]`` and ``config["schedule"]`` is the Chord
     schedule id for that range of routed rows.
     """
-    check_compute_flags(use_f16_accum, use_batch_invariant)
+    invariant = check_compute_flags(use_f16_accum, use_batch_invariant)
     if isinstance(layer_config, dict):
         layer_config = LayerConfig(**layer_config)
     if not isinstance(layer_config, LayerConfig):
         raise TypeError(f"layer_config must be a humming LayerConfig, got {type(layer_config).__name__}")
-    rows = _rows(layer_config, family_for(gemm_type, layer_config))
+    rows = _rows(layer_config, family_for(gemm_type, layer_config), invariant)
     if shape_m is None:
         return [(lo, hi, copy.deepcopy(cfg)) for lo, hi, cfg in rows]
     return copy.deepcopy(row_for(rows, int(shape_m)))

@@ -276,18 +276,50 @@ def _small_layer_config(num_experts=4):
     return LayerConfig(shape_n=256, shape_k=128, num_experts=num_experts)
 
 
-@pytest.mark.parametrize("kwargs, env", [
-    ({"use_f16_accum": True}, "VLLM_HUMMING_USE_F16_ACCUM"),
-    ({"use_batch_invariant": True}, "VLLM_BATCH_INVARIANT"),
-])
-def test_tuning_refuses_f16_accum_and_batch_invariance(kwargs, env):
+def test_tuning_refuses_f16_accum():
     from humming.tune import get_heuristics_config
 
-    with pytest.raises(ChordUnsupportedError, match=env):
-        get_heuristics_config(layer_config=_small_layer_config(), gemm_type="indexed", **kwargs)
+    with pytest.raises(ChordUnsupportedError, match="VLLM_HUMMING_USE_F16_ACCUM"):
+        get_heuristics_config(layer_config=_small_layer_config(), gemm_type="indexed", use_f16_accum=True)
+    with pytest.raises(TypeError, match="use_batch_invariant must be a bool"):
+        get_heuristics_config(layer_config=_small_layer_config(), gemm_type="indexed", use_batch_invariant="yes")
 
 
-@pytest.mark.parametrize("flag", ["use_f16_accum", "use_batch_invariant"])
+@pytest.mark.parametrize("gemm_type", ["indexed", "grouped_contiguous", "grouped_masked"])
+def test_batch_invariant_tuning_is_one_schedule_for_every_m(gemm_type):
+    from humming.config import LayerConfig
+    from chord.schedule import Schedule
+    from humming.tune import get_heuristics_config, rows_for
+
+    cfg = LayerConfig(shape_n=4096, shape_k=7168, num_experts=48)
+    rows = get_heuristics_config(layer_config=cfg, gemm_type=gemm_type, use_batch_invariant=True)
+    assert len(rows) == 1 and rows[0][0] <= 0 and rows[0][1] >= 2**31 - 1
+    s = Schedule.from_id(rows[0][2]["schedule"])
+    assert s.split_k == 1
+    for m in (1, 7, 64, 4096, 100000):
+        one = get_heuristics_config(layer_config=cfg, gemm_type=gemm_type, use_batch_invariant=True, shape_m=m)
+        assert one["schedule"] == s.id
+    # the ordinary table differs over M (that is what batch-invariant mode gives up)
+    assert len({c["schedule"] for _, _, c in rows_for(s.family, 48, 4096, 7168)}) > 1
+
+
+def test_forward_batch_invariant_needs_one_schedule_rows():
+    from humming.config import LayerConfig
+    from humming.forward import _plan
+    from humming.tune import get_heuristics_config
+
+    compute = json.dumps({"use_batch_invariant": True, "gemm_type": "indexed"})
+    cfg = LayerConfig(shape_n=4096, shape_k=7168, num_experts=48)
+    inv = json.dumps(get_heuristics_config(layer_config=cfg, gemm_type="indexed", use_batch_invariant=True))
+    plans = {_plan(compute, inv, 48, 4096, 7168, m)[1] for m in (1, 48, 3000, 30000)}
+    assert len(plans) == 1
+    assert {_plan(compute, None, 48, 4096, 7168, m)[1] for m in (1, 30000)} == plans
+    many = json.dumps(get_heuristics_config(layer_config=cfg, gemm_type="indexed"))
+    with pytest.raises(ValueError, match="use_batch_invariant=True"):
+        _plan(compute, many, 48, 4096, 7168, 5)
+
+
+@pytest.mark.parametrize("flag", ["use_f16_accum"])
 def test_forward_refuses_compute_flags(flag):
     from humming.forward import humming_forward
 

@@ -210,7 +210,7 @@ class VllmExperts:
     """HummingExpertsBase + one of the three subclasses, reduced to what touches `humming`."""
 
     def __init__(self, gemm_type: str, params: dict, configs: dict, *, global_num_experts: int,
-                 max_num_tokens: int | None = None, num_dispatchers: int = 1):
+                 max_num_tokens: int | None = None, num_dispatchers: int = 1, batch_invariant: bool = False):
         from humming.config import GemmType
         from humming.tune import get_heuristics_config
 
@@ -220,12 +220,13 @@ class VllmExperts:
         self.global_num_experts = global_num_experts
         self.max_num_tokens, self.num_dispatchers = max_num_tokens, num_dispatchers
         # init_humming_moe
-        self.compute_config = {"use_batch_invariant": False, "use_f16_accum": False,
+        # (VLLM_BATCH_INVARIANT=1 sets use_batch_invariant in both)
+        self.compute_config = {"use_batch_invariant": batch_invariant, "use_f16_accum": False,
                                "gemm_type": self.gemm_type.value}
         self.w13_tuning_config = get_heuristics_config(layer_config=configs["w13"], use_f16_accum=False,
-                                                       use_batch_invariant=False, gemm_type=self.gemm_type)
+                                                       use_batch_invariant=batch_invariant, gemm_type=self.gemm_type)
         self.w2_tuning_config = get_heuristics_config(layer_config=configs["w2"], use_f16_accum=False,
-                                                      use_batch_invariant=False, gemm_type=self.gemm_type)
+                                                      use_batch_invariant=batch_invariant, gemm_type=self.gemm_type)
         self.compute_config_str = json.dumps(self.compute_config)
         self.w13_tuning_config_str = json.dumps(self.w13_tuning_config)
         self.w2_tuning_config_str = json.dumps(self.w2_tuning_config)
@@ -576,6 +577,31 @@ def test_vllm_sequence_gpu_kernels(case):
                                    inter=inter, M=M, top_k=top_k, group_size=group, entry=entry, use_scatter=scatter)
     torch.cuda.synchronize()
     assert err < 1e-2, f"{case}: relative error {err:.3g} vs chord.reference.moe_ref"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["indexed", "grouped_contiguous"])
+def test_batch_invariant_mode_rows_do_not_depend_on_their_batch(family):
+    """VLLM_BATCH_INVARIANT=1 through the humming root: a token's MoE output has the same bits
+    alone, in a small batch, in a large one and in a permuted batch (one schedule per layer, no
+    split-K), and matches the reference."""
+    from chord.reference import moe_ref
+    from chord.testing import same_bits
+
+    device, e, hidden, inter, top_k, M = "cuda", 16, 1024, 256, 4, 300
+    ckpt = make_checkpoint(e, hidden, inter, 32, device)
+    params, configs = vllm_load(ckpt, entry="moe-backend", num_experts=e, hidden=hidden, inter=inter, device=device)
+    experts = VllmExperts(family, params, configs, global_num_experts=e, batch_invariant=True)
+    ids, weights = _routing(M, top_k, e, seed=11)
+    ids, weights = ids.to(device), weights.to(device)
+    x = (torch.randn(M, hidden, generator=torch.Generator().manual_seed(5)) * 0.5).to(BF16).to(device)
+    full = experts.apply(x, weights, ids, None)
+    ref = moe_ref(x, ckpt["w13"]["exact"], ckpt["w2"]["exact"], weights, ids, None, bf16_intermediates=True)
+    assert _rel_err(full, ref) < 1e-2
+    for idx in ([0], [5, 17, 299], list(range(1, 64)), list(range(M - 1, -1, -1)), list(range(0, M, 3))):
+        sub = experts.apply(x[idx], weights[idx], ids[idx], None)
+        torch.cuda.synchronize()
+        assert same_bits(sub, full[idx]), f"{family}: rows {idx[:4]}... changed bits in a batch of {len(idx)}"
 
 
 @pytest.mark.gpu

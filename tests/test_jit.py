@@ -18,9 +18,10 @@ def test_render_composes_family_mainloop_and_knobs():
     s = Schedule("grouped_masked", 16, 128, 4, 6, 2)
     src = jit.render(s)
     assert '#include "sm90_w4a16_moe.cuh"' in src
-    assert "chord::MoeKernel<chord::Family::kMasked, 16, 128, chord::MmaSwap16<16, 128, 4, 6>, 1, 0, 1>" in src
-    assert "MmaSwap16<8, 64, 4, 8>, 4, 0, 1>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
-    assert "MmaSwap16<8, 128, 4, 6>, 1, 0, 4>" in jit.render(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4))
+    assert "chord::MoeKernel<chord::Family::kMasked, 16, 128, chord::MmaSwap16<16, 128, 4, 6, true>, 1, 0, 1>" in src
+    assert "MmaSwap16<8, 64, 4, 8, true>, 4, 0, 1>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
+    assert "MmaSwap16<8, 128, 4, 6, true>, 1, 0, 4>" in jit.render(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4))
+    assert "MmaSwap16<16, 256, 4, 8, false>, 1, 0, 1>" in jit.render(Schedule("indexed", 16, 256, 4, 8, 1, swap=0))
     assert "__launch_bounds__(128, 2)" in src and s.id in src
     wg = Schedule("indexed", 128, 256, 16, 4, 1, mainloop="wgmma", wgmma_wait=0, raster=8)
     src = jit.render(wg)

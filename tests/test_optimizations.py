@@ -31,7 +31,8 @@ def test_switch_off_each_knob_of_every_profile_schedule(sched):
         o = O.BY_NAME[name]
         assert isinstance(off, Schedule) and not o.is_on(off) and off != sched
         changed = {k for k in KNOB if getattr(off, k) != getattr(sched, k)}
-        allowed = {o.knob} | ({"warps", "wgmma_wait", "producer", "block_m"} if o.knob == "mainloop" else set())
+        allowed = {o.knob} | ({"warps", "wgmma_wait", "producer", "block_m"} if o.knob == "mainloop" else
+                              {"block_m"} if o.knob == "swap" else set())
         assert changed <= allowed, (name, changed)
 
 
@@ -51,3 +52,39 @@ def test_wgmma_prefill_schedule_ablations():
     assert ab["wgmma main loop"].id == "gcon-m128n256k64-w4-s5-c1-r8"
     assert ab["batched wgmma.wait_group 1"].id == "gcon-m128n256k64-w16-s5-c1-wgmma-wait0-r8"
     assert ab["tile raster"].id == "gcon-m128n256k64-w16-s5-c1-wgmma"
+
+
+def test_decode_swap_off_side():
+    s = Schedule.from_id("gmsk-m8n256k64-w4-s8-c1")
+    o = O.BY_NAME["decode operand swap"]
+    assert o.is_on(s)
+    off = o.switch_off(s)
+    assert off.id == "gmsk-m16n256k64-w4-s8-c1-swap0" and not o.is_on(off)
+    assert Schedule.from_id(off.id) == off
+    assert o.switch_off(Schedule.from_id("idx-m32n256k64-w4-s3-c1")).block_m == 32
+    assert not o.is_on(Schedule.from_id("gcon-m128n256k64-w16-s5-c1-wgmma-r8"))  # wgmma: no swap knob
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(block_m=8, swap=0), "multiple of 16"),
+    (dict(block_m=64, block_n=128, warps=8, stages=4, mainloop="wgmma", swap=0), "mma only"),
+    (dict(block_m=16, swap=2), "swap must be one of"),
+])
+def test_swap_knob_bad_values(bad, match):
+    kw = dict(block_n=256, warps=4, stages=4)
+    kw.update(bad)
+    with pytest.raises(ValueError, match=match):
+        Schedule("grouped_masked", **kw)
+
+
+def test_policy_entries_name_heuristic_rules():
+    from chord.schedule import POLICY_RULES, parse_policy
+
+    rules = {o.rule for o in O.OPTIMIZATIONS if o.rule}
+    assert rules == set(POLICY_RULES)
+    for o in O.OPTIMIZATIONS:
+        if o.rule:
+            assert o.kind == "policy" and o.status == O.IMPLEMENTED
+            assert parse_policy(o.policy_off).off == {o.rule}
+    with pytest.raises(ValueError, match="not a rule"):
+        O.BY_NAME["tile raster"].policy_off

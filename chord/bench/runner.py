@@ -128,6 +128,12 @@ class ChordAPI:
 # helpers
 
 
+def _policy_name() -> str:
+    from chord.schedule import current_policy
+
+    return current_policy().name
+
+
 def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -178,15 +184,22 @@ def _print(out: TextIO, msg: str = "") -> None:
 # GPU path: Chord
 
 
+def scenario_schedules(family: str, sc: Scenario, profile):
+    """(gate_up, down) schedules the bench launches for `sc` x `family` (host integers only)."""
+    e = sc.experts
+    top_k = sc.top_k if family == "indexed" else 1
+    return (ChordAPI.select(profile, family, e, sc.n_gate_up, sc.k_gate_up, sc.rows, top_k),
+            ChordAPI.select(profile, family, e, sc.n_down, sc.k_down, sc.rows, 1))
+
+
 def _chord_calls(family: str, sc: Scenario, data: I.ScenarioData, fi: I.FamilyInputs, w13, w2, profile):
     import torch
 
     api = ChordAPI
     dev = data.device
     e = sc.experts
+    s1, s2 = scenario_schedules(family, sc, profile)
     if family == "indexed":
-        s1 = api.select(profile, family, e, sc.n_gate_up, sc.k_gate_up, sc.rows, sc.top_k)
-        s2 = api.select(profile, family, e, sc.n_down, sc.k_down, sc.rows, 1)
         r1 = api.align(data.topk_ids, s1.block_m, e)
         r2 = r1 if s2.block_m == s1.block_m else api.align(data.topk_ids, s2.block_m, e)
         gu = torch.empty(sc.rows, sc.n_gate_up, dtype=torch.bfloat16, device=dev)
@@ -199,8 +212,6 @@ def _chord_calls(family: str, sc: Scenario, data: I.ScenarioData, fi: I.FamilyIn
         def down():
             api.gemm_indexed(dn_in, w2, r2, 1, dn, s2)
     else:
-        s1 = api.select(profile, family, e, sc.n_gate_up, sc.k_gate_up, sc.rows)
-        s2 = api.select(profile, family, e, sc.n_down, sc.k_down, sc.rows)
         lead = fi.gate_up_in.shape[:-1]
         gu = torch.empty(*lead, sc.n_gate_up, dtype=torch.bfloat16, device=dev)
         dn = torch.empty(*lead, sc.n_down, dtype=torch.bfloat16, device=dev)
@@ -400,7 +411,7 @@ def run_gpu(opts: BenchOptions, out: TextIO | None = None) -> dict:
     out_dir = Path(opts.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
-    common = {"gpu": gpu, "commit": git_commit(), "timestamp": now_utc(), "seed": opts.seed}
+    common = {"gpu": gpu, "commit": git_commit(), "timestamp": now_utc(), "seed": opts.seed, "policy": _policy_name()}
     log = lambda msg: _print(out, msg)  # noqa: E731
     log(f"chord bench: {len(selected)} scenarios of suite {suite.name} on {gpu}, commit {common['commit']}")
     ceilings = C.measure()

@@ -1,4 +1,7 @@
-// Main loop `mma`: operand-swapped mma.sync.m16n8k16 (weights = A/M side, tokens = B/N side).
+// Main loop `mma`: mma.sync.m16n8k16, by default operand-swapped (SWAP: weights = A/M side,
+// tokens = B/N side, 8-token MMA tiles). SWAP = false is the swap's "off" side for its ablation:
+// tokens on the M side in 16-row tiles (A from the same ldmatrix fragments) and the same
+// dequantized weight registers as two n8 B operands; same copies, same weight layout.
 //
 // K is walked in 64-wide blocks through a STAGES-deep cp.async pipeline: weights (swap16
 // words) and scales are copied verbatim into shared memory, the activation rows are gathered
@@ -15,9 +18,11 @@
 
 namespace chord {
 
-template <int BT, int BN, int WARPS, int STAGES>
+template <int BT, int BN, int WARPS, int STAGES, bool SWAP = true>
 struct MmaSwap16 {
   static_assert(BT % 8 == 0 && BT >= 8 && BT <= 128, "mma main loop: BT multiple of 8 in [8, 128]");
+  static_assert(SWAP || BT % 16 == 0, "unswapped mma main loop: BT multiple of 16 (tokens on the M side)");
+  static constexpr bool kSwapped = SWAP;  // the accumulator layout the epilogue reads (moe/epilogue.cuh)
   static_assert(BN % (16 * WARPS) == 0, "mma main loop: BN multiple of 16*WARPS");
   static_assert(STAGES >= 2, "mma main loop: STAGES >= 2");
   static constexpr int kThreads = WARPS * 32;
@@ -33,6 +38,8 @@ struct MmaSwap16 {
   static constexpr int kSmemBytes = STAGES * kStageBytes;  // the pipeline (epilogue reuses it)
   static constexpr int kAlign = 128;                       // needed alignment of the smem base
 
+  // SWAP: acc[j][i] is the m16n8 tile (16 features of weight tile j) x (tokens 8i..8i+7).
+  // !SWAP: acc[j][2u + h] is the m16n8 tile (tokens 16u..16u+15) x (features 8h..8h+7 of tile j).
   using Acc = float[kNTW][kTT][4];
 
   // Accumulates K blocks [kb_begin, kb_end) of expert `expert` for NTILES consecutive N blocks
@@ -186,8 +193,20 @@ struct MmaSwap16 {
               const uint32_t w = step == 0 ? words[j].x : step == 1 ? words[j].y : step == 2 ? words[j].z : words[j].w;
               uint32_t a[4];
               dequant_swap16(w, s_lo, s_hi, a);
+              if constexpr (SWAP) {
 #pragma unroll
-              for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(acc[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
+                for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(acc[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
+              } else {
+                // The weight fragment's {a0, a2} / {a1, a3} are the k16 x n8 B operands of
+                // features 0-7 / 8-15; two 8-token fragments make one 16-token A operand.
+#pragma unroll
+                for (int u = 0; u < kTT / 2; ++u) {
+                  const uint32_t t[4] = {b[2 * u][2 * ss2], b[2 * u + 1][2 * ss2], b[2 * u][2 * ss2 + 1],
+                                         b[2 * u + 1][2 * ss2 + 1]};
+                  mma_bf16_m16n8k16(acc[j][2 * u], t, a[0], a[2]);
+                  mma_bf16_m16n8k16(acc[j][2 * u + 1], t, a[1], a[3]);
+                }
+              }
             }
           }
         }

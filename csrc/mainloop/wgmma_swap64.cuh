@@ -54,6 +54,7 @@ struct WgmmaSwap64 {
   static constexpr int kMmaWarps = BN / 16;  // one 16-row weight tile per warp
   static constexpr int kThreads = kMmaWarps * 32 + (PRODUCER ? 128 : 0);
   static constexpr int kEpilogueThreads = kMmaWarps * 32;  // the producer warpgroup leaves first
+  static constexpr bool kSwapped = true;  // weights on the M side (the accumulator layout of moe/epilogue.cuh)
   // PRODUCER = 1: the producer warpgroup gives registers to the consumers (setmaxnreg). The CTA
   // starts with kEntryRegs per thread (ptxas' cap for __launch_bounds__(kThreads, 1)); the
   // consumers may take only what the producer gives back, else setmaxnreg.inc would wait forever.

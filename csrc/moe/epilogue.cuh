@@ -1,9 +1,11 @@
 // Epilogue of every main loop: fp32 accumulators -> bf16 tile in shared memory -> 16-byte row
 // stores, with the split-K fix-up.
 //
-// Accumulator layout (both main loops): warp w owns NTW 16-row weight tiles (output features
-// (w*NTW + j)*16 + g and +8, g = lane/4) and the tile's tokens in 8-token groups i:
-// acc[j][i] = {(feature g, token 8i+2t), (g, 8i+2t+1), (g+8, 8i+2t), (g+8, 8i+2t+1)}, t = lane%4.
+// Accumulator layout: warp w owns NTW 16-row weight tiles (output features (w*NTW + j)*16 + ...,
+// g = lane/4, t = lane%4) and all the tile's tokens. Swapped (both main loops' default), in
+// 8-token groups i: acc[j][i] = {(feature g, token 8i+2t), (g, 8i+2t+1), (g+8, 8i+2t), (g+8, 8i+2t+1)}.
+// Unswapped (SWAPPED = false, tokens on the MMA M side), in 16-token groups u and feature halves h:
+// acc[j][2u+h] = {(feature 8h+2t, token 16u+g), (8h+2t+1, 16u+g), (8h+2t, 16u+g+8), (8h+2t+1, 16u+g+8)}.
 //
 // SPLIT > 1: partial fp32 tiles meet in `workspace`; the last CTA of the tile to arrive (counted
 // in `counters`, reset to 0 by that CTA so CUDA-graph replays start clean) sums them in z order
@@ -36,7 +38,7 @@ __device__ __forceinline__ void epilogue_sync() {
   }
 }
 
-template <int BT, int BN, int THREADS, int MMA_WARPS, int NTW, int SPLIT, bool ALL = true>
+template <int BT, int BN, int THREADS, int MMA_WARPS, int NTW, int SPLIT, bool ALL = true, bool SWAPPED = true>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[NTW][BT / 8][4], int n_block,
                                            const int64_t* __restrict__ out_row, uint8_t* smem) {
   using E = EpilogueConfig<BT, BN>;
@@ -53,14 +55,26 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     if (warp >= MMA_WARPS) return;
 #pragma unroll
     for (int j = 0; j < NTW; ++j) {
-      const int n0 = (warp * NTW + j) * 16 + g;
+      if constexpr (SWAPPED) {
+        const int n0 = (warp * NTW + j) * 16 + g;
 #pragma unroll
-      for (int i = 0; i < kTT; ++i) {
-        const int tok = i * 8 + 2 * t4;
-        put(tok + 0, n0, acc[j][i][0]);
-        put(tok + 1, n0, acc[j][i][1]);
-        put(tok + 0, n0 + 8, acc[j][i][2]);
-        put(tok + 1, n0 + 8, acc[j][i][3]);
+        for (int i = 0; i < kTT; ++i) {
+          const int tok = i * 8 + 2 * t4;
+          put(tok + 0, n0, acc[j][i][0]);
+          put(tok + 1, n0, acc[j][i][1]);
+          put(tok + 0, n0 + 8, acc[j][i][2]);
+          put(tok + 1, n0 + 8, acc[j][i][3]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kTT; ++i) {
+          const int n0 = (warp * NTW + j) * 16 + (i % 2) * 8 + 2 * t4;
+          const int tok = (i / 2) * 16 + g;
+          put(tok, n0, acc[j][i][0]);
+          put(tok, n0 + 1, acc[j][i][1]);
+          put(tok + 8, n0, acc[j][i][2]);
+          put(tok + 8, n0 + 1, acc[j][i][3]);
+        }
       }
     }
   };

@@ -1,0 +1,95 @@
+"""Every optimization of `chord.optimizations` switched off still gives the right answer.
+
+Two parts:
+* the swap knob's off side (tokens on the MMA M side in 16-row tiles, `swap=0`) on every family,
+  against the float32 reference and the swapped kernel, with poisoned outputs;
+* the table walk: each schedule the H200 profile can select (fitted to a small GEMM), and each
+  of its ablations (`optimizations.ablations`: the same schedule with one knob off), on the
+  family the rule is for, against the reference.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chord import ops, optimizations, reference, routing
+from chord.schedule import Schedule
+from chord.testing import BF16_TOL, cached_random_experts, poisoned, profile_rule_schedules, rel_err
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):  # pragma: no cover
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs an sm_90 (Hopper) GPU")]
+
+experts = cached_random_experts
+
+
+def run_family(s: Schedule, qe, pw, seed: int = 0):
+    """One call of `s` on its family with random routing (an empty expert included), returning
+    (output, reference, rows the kernel must write)."""
+    e, k, n = pw.num_experts, pw.k, pw.n
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if s.family == "indexed":
+        m, top_k = 37, 4
+        ids = routing.random_topk_ids(m, e, top_k, seed=seed, device="cuda")
+        r = routing.align_block_size(ids, s.block_m, e)
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        out = poisoned(m * top_k, n)
+        ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
+        return out, reference.indexed_gemm_ref(x, qe, None, r, top_k), m * top_k
+    if s.family == "grouped_contiguous":
+        m, top_k = 45, 3
+        ids = routing.random_topk_ids(m, e - 1, top_k, seed=seed, device="cuda")
+        ids = torch.where(ids >= 2, ids + 1, ids)  # expert 2 gets no rows
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        lay = routing.contiguous_layout(x, ids, e, alignment=1)
+        rows = int(lay.expert_offsets[-1])
+        out = poisoned(rows + 3, n)
+        xin = torch.cat([lay.x, torch.randn(3, k, device="cuda", generator=g).bfloat16()])
+        ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=s)
+        assert torch.isnan(out[rows:]).all(), f"{s.id}: rows past expert_offsets[E] were written"
+        return out[:rows], reference.contiguous_gemm_ref(xin, qe, None, lay.expert_offsets)[:rows], rows
+    max_rows = 24
+    counts = torch.randint(0, max_rows + 1, (e,), device="cuda", generator=g, dtype=torch.int32)
+    counts[1] = 0
+    x = torch.randn(e, max_rows, k, device="cuda", generator=g).bfloat16()
+    out = torch.full((e, max_rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ops.gemm_masked(x, pw, counts, out=out, schedule=s)
+    ref = reference.masked_gemm_ref(x, qe, None, counts)
+    valid = torch.arange(max_rows, device="cuda")[None, :] < counts[:, None]
+    assert torch.isnan(out[~valid]).all(), f"{s.id}: rows past the masked counts were written"
+    return out[valid], ref[valid], int(counts.sum())
+
+
+@pytest.mark.parametrize("family", ["indexed", "grouped_contiguous", "grouped_masked"])
+@pytest.mark.parametrize("tile", [(16, 256, 8), (32, 128, 4), (64, 128, 3), (128, 64, 3)], ids=lambda t: f"m{t[0]}n{t[1]}")
+@pytest.mark.parametrize("k", [64, 704])  # 1 and 11 K blocks
+def test_swap_off_matches_reference(family, tile, k):
+    bm, bn, stages = tile
+    qe, pw = experts(6, 512, k)
+    on = Schedule(family, bm, bn, 4, stages, 1)
+    off = optimizations.BY_NAME["decode operand swap"].switch_off(on)
+    assert off.swap == 0 and off.block_m == bm
+    got_off, ref, _ = run_family(off, qe, pw, seed=k)
+    got_on, _, _ = run_family(on, qe, pw, seed=k)
+    assert rel_err(got_off, ref) < BF16_TOL, off.id
+    assert rel_err(got_off, got_on) < BF16_TOL, (off.id, on.id)
+
+
+@pytest.mark.parametrize("extra", [dict(split_k=3), dict(n_tiles=4), dict(raster=4), dict(ctas_per_sm=2)],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_swap_off_with_other_knobs(extra):
+    qe, pw = experts(6, 512, 704)
+    s = Schedule("indexed", 16, 128, 4, 4, **{"ctas_per_sm": 1, **extra}, swap=0)
+    got, ref, _ = run_family(s, qe, pw, seed=3)
+    assert rel_err(got, ref) < BF16_TOL, s.id
+
+
+@pytest.mark.parametrize("sched", profile_rule_schedules(), ids=lambda s: s.id)
+def test_every_optimization_switched_off_matches_reference(sched):
+    qe, pw = experts(6, 512, 512)
+    cases = {"(profile)": sched, **optimizations.ablations(sched)}
+    for name, s in cases.items():
+        got, ref, rows = run_family(s, qe, pw, seed=11)
+        assert rows > 0
+        assert rel_err(got, ref) < BF16_TOL, f"{name}: {s.id}"

@@ -1,0 +1,102 @@
+"""The selection policy: the tuned profile or the heuristic's rules alone (chord.schedule), one
+decision whoever calls, and each heuristic rule switched off on its own."""
+import pytest
+
+from chord.bench.suite import load_suite
+from chord.schedule import (POLICY_RULES, Policy, Problem, Schedule, current_policy, explain, parse_policy,
+                            profile_for, schedule_table, select)
+
+POINTS = [(sc, fam, gemm) for sc in load_suite().scenarios for fam in sc.families for gemm in ("gate_up", "down")]
+
+
+def _prob(sc, family, gemm):
+    n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if gemm == "gate_up" else (sc.n_down, sc.k_down, 1)
+    return profile_for(family, sc.experts, n, k), Problem(family, sc.experts, n, k, sc.rows,
+                                                          top_k if family == "indexed" else 1)
+
+
+def test_parse_policy():
+    assert parse_policy("profile") == Policy()
+    p = parse_policy("heuristic, -wave_aware_bn,-split_k_gate")
+    assert p.source == "heuristic" and p.off == {"wave_aware_bn", "split_k_gate"}
+    assert p.name == "heuristic,-split_k_gate,-wave_aware_bn" and parse_policy(p.name) == p
+    for bad, match in (("fast", "'profile', 'heuristic' or 'batch_invariant'"), ("heuristic,-nope", "unknown rules"),
+                       ("heuristic,wave_aware_bn", "as '-<rule>'"), ("profile,-wave_aware_bn", "only under")):
+        with pytest.raises(ValueError, match=match):
+            parse_policy(bad)
+    with pytest.raises(TypeError, match="policy must be"):
+        parse_policy(3)
+
+
+def test_env_policy(monkeypatch):
+    monkeypatch.setenv("CHORD_POLICY", "heuristic,-split_k_gate")
+    assert current_policy().off == {"split_k_gate"}
+    monkeypatch.setenv("CHORD_POLICY", "bogus")
+    with pytest.raises(ValueError, match="CHORD_POLICY='bogus'"):
+        current_policy()
+
+
+@pytest.mark.parametrize("sc, family, gemm", POINTS, ids=lambda v: getattr(v, "id", v))
+def test_heuristic_gives_a_valid_reasoned_schedule(sc, family, gemm):
+    prof, prob = _prob(sc, family, gemm)
+    d = explain(prof, prob, "heuristic")
+    assert isinstance(d.schedule, Schedule) and d.schedule.family == family
+    assert prob.n % d.schedule.block_n_cta == 0
+    assert d.profile.endswith(":heuristic") and "tok_e_block_m" in d.reason and d.schedule.id in d.reason
+    # each rule off changes only what it decides
+    bm_off = select(prof, prob, "heuristic,-tok_e_block_m")
+    assert bm_off.block_m == (128 if bm_off.mainloop == "wgmma" else 16)
+    assert select(prof, prob, "heuristic,-wave_aware_bn").block_n <= 128
+    assert select(prof, prob, "heuristic,-split_k_gate").split_k == 1
+
+
+def test_heuristic_rules_on_known_shapes():
+    # EP8 decode, 1 row per expert: 8-row tiles, BN 256 (768 tiles: 3 waves of 264 slots, 91 % last)
+    p = Problem("indexed", 48, 4096, 7168, 48, 8)
+    s = select(profile_for("indexed", 48, 4096, 7168), p, "heuristic")
+    assert (s.mainloop, s.block_m, s.block_n) == ("mma", 8, 256)
+    # TP8 one token: 8 experts x 4 N blocks fill 32 of 264 slots -> split-K
+    p = Problem("indexed", 384, 512, 7168, 8, 8)
+    s = select(profile_for("indexed", 384, 512, 7168), p, "heuristic")
+    assert s.split_k > 1 and 8 * (512 // s.block_n) * s.split_k <= 264
+    # TP8 m4096 (85 rows per expert): one 96-row wgmma tile per expert
+    p = Problem("indexed", 384, 512, 7168, 4096 * 8, 8)
+    s = select(profile_for("indexed", 384, 512, 7168), p, "heuristic")
+    assert (s.mainloop, s.block_m) == ("wgmma", 96)
+    # prefill 512 rows per expert: two 256-row tiles, BN 128 (a 256x256 wgmma tile has no registers)
+    p = Problem("grouped_contiguous", 48, 4096, 7168, 512 * 48)
+    s = select(profile_for("grouped_contiguous", 48, 4096, 7168), p, "heuristic")
+    assert (s.block_m, s.block_n, s.raster) == (256, 128, 8)
+
+
+@pytest.mark.parametrize("family, e, n, k", [("indexed", 48, 4096, 7168), ("grouped_masked", 48, 7168, 2048),
+                                             ("indexed", 384, 512, 7168), ("indexed", 384, 7168, 256)])
+def test_heuristic_table_is_what_select_decides(family, e, n, k):
+    prof = profile_for(family, e, n, k)
+    table = schedule_table(prof, family, e, n, k, policy="heuristic")
+    assert table[0][0] == 0 and table[-1][1] == 2**31 - 1
+    assert all(a[1] == b[0] for a, b in zip(table, table[1:]))
+    for rows in [1, 2, 7, 8, 9, 47, 48, 95, 383, 384, 385, 1000, 1536, 4095, 4096, 24576, 32768, 131072, 10**6]:
+        want = select(prof, Problem(family, e, n, k, rows), "heuristic")
+        row = next(t for t in table if t[0] < rows <= t[1])
+        assert row[2] == want, rows
+
+
+def test_heuristic_one_decision_through_the_humming_root(monkeypatch):
+    from humming import tune
+
+    monkeypatch.setenv("CHORD_POLICY", "heuristic")
+    for sc, family, gemm in POINTS:
+        prof, prob = _prob(sc, family, gemm)
+        ops = select(prof, prob).id
+        vllm = tune.row_for(tune.rows_for(family, sc.experts, prob.n, prob.k), sc.rows)["schedule"]
+        assert ops == vllm == select(prof, prob, "heuristic").id, (sc.id, family, gemm, ops, vllm)
+    monkeypatch.setenv("CHORD_POLICY", "profile")
+    sc, family, gemm = POINTS[0]
+    prof, prob = _prob(sc, family, gemm)
+    assert tune.row_for(tune.rows_for(family, sc.experts, prob.n, prob.k), sc.rows)["schedule"] == select(prof, prob).id
+
+
+def test_rules_table_documents_every_rule():
+    assert set(POLICY_RULES) == {"tok_e_block_m", "wave_aware_bn", "split_k_gate"}
+    assert all(" off: " in v for v in POLICY_RULES.values())
