@@ -60,6 +60,8 @@ from typing import Any
 
 import torch
 
+from chord import checks
+
 __all__ = [
     "GROUP_SIZE",
     "QuantizedExperts",
@@ -87,41 +89,10 @@ _CHUNK_ELEMS = 1 << 28
 # --------------------------------------------------------------------------------------
 
 
-def _fn_arg(fn: str, name: str) -> str:
-    return f"{fn}: argument '{name}'"
-
-
-def _require_tensor(fn: str, name: str, t: Any) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{_fn_arg(fn, name)} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _require_dtype(fn: str, name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
-    _require_tensor(fn, name, t)
-    if t.dtype not in dtypes:
-        want = " or ".join(str(d) for d in dtypes)
-        raise TypeError(f"{_fn_arg(fn, name)} must have dtype {want}, got {t.dtype}")
-
-
-def _require_ndim(fn: str, name: str, t: torch.Tensor, ndims: tuple[int, ...], what: str) -> None:
-    if t.dim() not in ndims:
-        raise ValueError(
-            f"{_fn_arg(fn, name)} must be {what}, got shape {tuple(t.shape)}"
-        )
-
-
-def _require_same_device(fn: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
-    if a.device != b.device:
-        raise ValueError(
-            f"{fn}: arguments '{name_a}' ({a.device}) and '{name_b}' ({b.device}) "
-            "must be on the same device"
-        )
-
-
 def _require_group_size(fn: str, group_size: int) -> None:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size != GROUP_SIZE:
         raise ValueError(
-            f"{_fn_arg(fn, 'group_size')} must be {GROUP_SIZE} (Chord is W4A16 group 32), "
+            f"{checks.where(fn, 'group_size')} must be {GROUP_SIZE} (Chord is W4A16 group 32), "
             f"got {group_size!r}"
         )
 
@@ -134,7 +105,7 @@ def _check_scales_finite(fn: str, name: str, scales: torch.Tensor) -> None:
     bad = ~torch.isfinite(scales)
     if bool(bad.any()):
         first = [int(i) for i in bad.nonzero()[0].tolist()]
-        raise ValueError(f"{_fn_arg(fn, name)} holds {int(bad.sum())} non-finite group scales (NaN or Inf), "
+        raise ValueError(f"{checks.where(fn, name)} holds {int(bad.sum())} non-finite group scales (NaN or Inf), "
                          f"the first at index {first}")
 
 
@@ -146,7 +117,7 @@ def _check_q_range(fn: str, name: str, q: torch.Tensor) -> None:
     if bool(bad.any()):
         lo, hi = int(q.min()), int(q.max())
         raise ValueError(
-            f"{_fn_arg(fn, name)} must hold int4 codes in [-8, 7], found values in [{lo}, {hi}]"
+            f"{checks.where(fn, name)} must hold int4 codes in [-8, 7], found values in [{lo}, {hi}]"
         )
 
 
@@ -190,19 +161,19 @@ class QuantizedExperts:
 
     def __post_init__(self) -> None:
         fn = "QuantizedExperts"
-        _require_dtype(fn, "q", self.q, (torch.int8,))
-        _require_dtype(fn, "scales", self.scales, (torch.bfloat16,))
-        _require_ndim(fn, "q", self.q, (3,), "3-D [E, N, K]")
-        _require_ndim(fn, "scales", self.scales, (3,), "3-D [E, N, K/32]")
+        checks.tensor(fn, "q", self.q, dtype=(torch.int8,))
+        checks.tensor(fn, "scales", self.scales, dtype=(torch.bfloat16,))
+        checks.tensor(fn, "q", self.q, ndim=(3,), what="3-D [E, N, K]")
+        checks.tensor(fn, "scales", self.scales, ndim=(3,), what="3-D [E, N, K/32]")
         e, n, k = self.q.shape
         if k % GROUP_SIZE != 0:
-            raise ValueError(f"{_fn_arg(fn, 'q')} must have K divisible by {GROUP_SIZE}, got K={k}")
+            raise ValueError(f"{checks.where(fn, 'q')} must have K divisible by {GROUP_SIZE}, got K={k}")
         if tuple(self.scales.shape) != (e, n, k // GROUP_SIZE):
             raise ValueError(
-                f"{_fn_arg(fn, 'scales')} must have shape {(e, n, k // GROUP_SIZE)} "
+                f"{checks.where(fn, 'scales')} must have shape {(e, n, k // GROUP_SIZE)} "
                 f"([E, N, K/32] for q of shape {tuple(self.q.shape)}), got {tuple(self.scales.shape)}"
             )
-        _require_same_device(fn, "q", self.q, "scales", self.scales)
+        checks.same_device(fn, "q", self.q, "scales", self.scales)
 
     @property
     def num_experts(self) -> int:
@@ -249,18 +220,18 @@ def quantize_int4_g32(
     """
     fn = "quantize_int4_g32"
     _require_group_size(fn, group_size)
-    _require_dtype(fn, "w", w, (torch.bfloat16, torch.float16, torch.float32, torch.float64))
-    _require_ndim(fn, "w", w, (2, 3), "2-D [N, K] or 3-D [E, N, K]")
+    checks.tensor(fn, "w", w, dtype=(torch.bfloat16, torch.float16, torch.float32, torch.float64))
+    checks.tensor(fn, "w", w, ndim=(2, 3), what="2-D [N, K] or 3-D [E, N, K]")
     if w.shape[-1] % group_size != 0:
         raise ValueError(
-            f"{_fn_arg(fn, 'w')} must have K (last dim) divisible by {group_size}, got K={w.shape[-1]}"
+            f"{checks.where(fn, 'w')} must have K (last dim) divisible by {group_size}, got K={w.shape[-1]}"
         )
     if not (isinstance(divisor, (int, float)) and 0 < float(divisor) <= 8):
-        raise ValueError(f"{_fn_arg(fn, 'divisor')} must be in (0, 8], got {divisor!r}")
+        raise ValueError(f"{checks.where(fn, 'divisor')} must be in (0, 8], got {divisor!r}")
     w3 = w if w.dim() == 3 else w.unsqueeze(0)
     wf = w3.float().unflatten(-1, (-1, group_size))  # [E, N, G, 32]
     if w.numel() and w.device.type != "meta" and not bool(torch.isfinite(wf).all()):
-        raise ValueError(f"{_fn_arg(fn, 'w')} contains non-finite values")
+        raise ValueError(f"{checks.where(fn, 'w')} contains non-finite values")
     absmax = wf.abs().amax(dim=-1)
     scales = (absmax / float(divisor)).to(torch.bfloat16)
     scales = torch.where(scales == 0, torch.ones_like(scales), scales)
@@ -272,12 +243,12 @@ def _codes_and_scales(fn: str, q: Any, scales: Any, scale_dtypes: tuple[torch.dt
     """(q, scales) from either a QuantizedExperts alone or two tensors, with dtypes checked."""
     if isinstance(q, QuantizedExperts):
         if scales is not None:
-            raise ValueError(f"{_fn_arg(fn, 'scales')} must be None when q is a QuantizedExperts")
+            raise ValueError(f"{checks.where(fn, 'scales')} must be None when q is a QuantizedExperts")
         q, scales = q.q, q.scales
-    _require_dtype(fn, "q", q, (torch.int8,))
+    checks.tensor(fn, "q", q, dtype=(torch.int8,))
     if scales is None:
-        raise TypeError(f"{_fn_arg(fn, 'scales')} is required ([..., N, K/32]) when q is a tensor")
-    _require_dtype(fn, "scales", scales, scale_dtypes)
+        raise TypeError(f"{checks.where(fn, 'scales')} is required ([..., N, K/32]) when q is a tensor")
+    checks.tensor(fn, "scales", scales, dtype=scale_dtypes)
     return q, scales
 
 
@@ -289,11 +260,11 @@ def dequantize(q: torch.Tensor | QuantizedExperts, scales: torch.Tensor | None =
     fn = "dequantize"
     q, scales = _codes_and_scales(fn, q, scales, (torch.bfloat16, torch.float16, torch.float32))
     if q.dim() < 1 or q.shape[-1] % GROUP_SIZE != 0:
-        raise ValueError(f"{_fn_arg(fn, 'q')} must have K (last dim) divisible by {GROUP_SIZE}, got shape {tuple(q.shape)}")
+        raise ValueError(f"{checks.where(fn, 'q')} must have K (last dim) divisible by {GROUP_SIZE}, got shape {tuple(q.shape)}")
     want = (*q.shape[:-1], q.shape[-1] // GROUP_SIZE)
     if tuple(scales.shape) != want:
-        raise ValueError(f"{_fn_arg(fn, 'scales')} must have shape {want}, got {tuple(scales.shape)}")
-    _require_same_device(fn, "q", q, "scales", scales)
+        raise ValueError(f"{checks.where(fn, 'scales')} must have shape {want}, got {tuple(scales.shape)}")
+    checks.same_device(fn, "q", q, "scales", scales)
     return (q.float().unflatten(-1, (-1, GROUP_SIZE)) * scales.float().unsqueeze(-1)).flatten(-2)
 
 
@@ -310,9 +281,9 @@ def pack_compressed_tensors(q: torch.Tensor) -> torch.Tensor:
     library does.
     """
     fn = "pack_compressed_tensors"
-    _require_dtype(fn, "q", q, (torch.int8,))
+    checks.tensor(fn, "q", q, dtype=(torch.int8,))
     if q.dim() < 1:
-        raise ValueError(f"{_fn_arg(fn, 'q')} must have at least 1 dimension, got a scalar")
+        raise ValueError(f"{checks.where(fn, 'q')} must have at least 1 dimension, got a scalar")
     _check_q_range(fn, "q", q)
     k = q.shape[-1]
     u = (q + 8).view(torch.uint8)
@@ -327,14 +298,14 @@ def pack_compressed_tensors(q: torch.Tensor) -> torch.Tensor:
 def unpack_compressed_tensors(words: torch.Tensor, k: int) -> torch.Tensor:
     """compressed-tensors words int32 ``[..., ceil(k/8)]`` -> int8 codes ``[..., k]`` in [-8, 7]."""
     fn = "unpack_compressed_tensors"
-    _require_dtype(fn, "words", words, (torch.int32,))
+    checks.tensor(fn, "words", words, dtype=(torch.int32,))
     if words.dim() < 1:
-        raise ValueError(f"{_fn_arg(fn, 'words')} must have at least 1 dimension, got a scalar")
+        raise ValueError(f"{checks.where(fn, 'words')} must have at least 1 dimension, got a scalar")
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"{_fn_arg(fn, 'k')} must be a non-negative int, got {k!r}")
+        raise ValueError(f"{checks.where(fn, 'k')} must be a non-negative int, got {k!r}")
     if words.shape[-1] != -(-k // 8):
         raise ValueError(
-            f"{_fn_arg(fn, 'words')} must have ceil(k/8) = {-(-k // 8)} words in its last dim "
+            f"{checks.where(fn, 'words')} must have ceil(k/8) = {-(-k // 8)} words in its last dim "
             f"for k={k}, got {words.shape[-1]}"
         )
     b = _words_as_bytes(words).flatten(-2)  # [..., W*4]
@@ -346,18 +317,18 @@ def _shape_from_weight_shape(fn: str, weight_shape: Any) -> tuple[int, int]:
     """(N, K) from a weight_shape tensor [2] / [E, 2] or a sequence of two ints."""
     if isinstance(weight_shape, torch.Tensor):
         if weight_shape.dtype == torch.bool or weight_shape.is_complex():
-            raise TypeError(f"{_fn_arg(fn, 'weight_shape')} must be an integer tensor, got {weight_shape.dtype}")
+            raise TypeError(f"{checks.where(fn, 'weight_shape')} must be an integer tensor, got {weight_shape.dtype}")
         ws = weight_shape.detach().cpu().reshape(-1, weight_shape.shape[-1] if weight_shape.dim() else 1)
         if ws.shape[-1] != 2 or weight_shape.dim() not in (1, 2):
             raise ValueError(
-                f"{_fn_arg(fn, 'weight_shape')} must have shape [2] or [E, 2] (N, K), got {tuple(weight_shape.shape)}"
+                f"{checks.where(fn, 'weight_shape')} must have shape [2] or [E, 2] (N, K), got {tuple(weight_shape.shape)}"
             )
         if ws.dtype.is_floating_point:  # vLLM registers weight_shape as a float parameter
             if not bool((ws == ws.round()).all()):
-                raise TypeError(f"{_fn_arg(fn, 'weight_shape')} must hold integers, got {ws.tolist()}")
+                raise TypeError(f"{checks.where(fn, 'weight_shape')} must hold integers, got {ws.tolist()}")
             ws = ws.long()
         if not bool((ws == ws[0]).all()):
-            raise ValueError(f"{_fn_arg(fn, 'weight_shape')} differs between experts: {ws.tolist()}")
+            raise ValueError(f"{checks.where(fn, 'weight_shape')} differs between experts: {ws.tolist()}")
         n, k = (int(v) for v in ws[0])
     elif isinstance(weight_shape, Sequence) and len(weight_shape) == 2 and all(
         isinstance(v, int) and not isinstance(v, bool) for v in weight_shape
@@ -365,10 +336,10 @@ def _shape_from_weight_shape(fn: str, weight_shape: Any) -> tuple[int, int]:
         n, k = int(weight_shape[0]), int(weight_shape[1])
     else:
         raise TypeError(
-            f"{_fn_arg(fn, 'weight_shape')} must be an int tensor [2] or a pair of ints (N, K), got {weight_shape!r}"
+            f"{checks.where(fn, 'weight_shape')} must be an int tensor [2] or a pair of ints (N, K), got {weight_shape!r}"
         )
     if n <= 0 or k <= 0:
-        raise ValueError(f"{_fn_arg(fn, 'weight_shape')} must be positive (N, K), got {(n, k)}")
+        raise ValueError(f"{checks.where(fn, 'weight_shape')} must be positive (N, K), got {(n, k)}")
     return n, k
 
 
@@ -376,34 +347,34 @@ def _check_compressed(
     fn: str, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_shape: Any
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """Validate compressed-tensors tensors; return (packed [E,N,W], scale bf16 [E,N,G], N, K)."""
-    _require_dtype(fn, "weight_packed", weight_packed, (torch.int32,))
-    _require_dtype(fn, "weight_scale", weight_scale, (torch.bfloat16, torch.float16))
-    _require_ndim(fn, "weight_packed", weight_packed, (2, 3), "[N, K/8] (one expert) or [E, N, K/8]")
+    checks.tensor(fn, "weight_packed", weight_packed, dtype=(torch.int32,))
+    checks.tensor(fn, "weight_scale", weight_scale, dtype=(torch.bfloat16, torch.float16))
+    checks.tensor(fn, "weight_packed", weight_packed, ndim=(2, 3), what="[N, K/8] (one expert) or [E, N, K/8]")
     if weight_scale.dim() != weight_packed.dim():
         raise ValueError(
-            f"{_fn_arg(fn, 'weight_scale')} must have the same rank as weight_packed "
+            f"{checks.where(fn, 'weight_scale')} must have the same rank as weight_packed "
             f"({weight_packed.dim()}), got shape {tuple(weight_scale.shape)}"
         )
-    _require_same_device(fn, "weight_packed", weight_packed, "weight_scale", weight_scale)
+    checks.same_device(fn, "weight_packed", weight_packed, "weight_scale", weight_scale)
     n, k = _shape_from_weight_shape(fn, weight_shape)
     packed = weight_packed if weight_packed.dim() == 3 else weight_packed.unsqueeze(0)
     scale = weight_scale if weight_scale.dim() == 3 else weight_scale.unsqueeze(0)
     if k % GROUP_SIZE != 0:
-        raise ValueError(f"{_fn_arg(fn, 'weight_shape')} must have K divisible by {GROUP_SIZE}, got K={k}")
+        raise ValueError(f"{checks.where(fn, 'weight_shape')} must have K divisible by {GROUP_SIZE}, got K={k}")
     if tuple(packed.shape[1:]) != (n, k // 8):
         raise ValueError(
-            f"{_fn_arg(fn, 'weight_packed')} must have trailing shape {(n, k // 8)} for weight_shape "
+            f"{checks.where(fn, 'weight_packed')} must have trailing shape {(n, k // 8)} for weight_shape "
             f"{(n, k)}, got {tuple(weight_packed.shape)}"
         )
     if scale.shape[0] != packed.shape[0] or scale.shape[1] != n:
         raise ValueError(
-            f"{_fn_arg(fn, 'weight_scale')} must have shape {(*weight_packed.shape[:-1], k // GROUP_SIZE)}, "
+            f"{checks.where(fn, 'weight_scale')} must have shape {(*weight_packed.shape[:-1], k // GROUP_SIZE)}, "
             f"got {tuple(weight_scale.shape)}"
         )
     if scale.shape[2] != k // GROUP_SIZE:
         gs = k / scale.shape[2] if scale.shape[2] else float("nan")
         raise ValueError(
-            f"{_fn_arg(fn, 'weight_scale')} implies group size {gs:g} (K={k} / {scale.shape[2]} scales); "
+            f"{checks.where(fn, 'weight_scale')} implies group size {gs:g} (K={k} / {scale.shape[2]} scales); "
             f"Chord supports group size {GROUP_SIZE} only"
         )
     if scale.dtype == torch.float16:
@@ -445,32 +416,32 @@ def stack_compressed_tensors_experts(
     """
     fn = "stack_compressed_tensors_experts"
     if isinstance(experts, (Mapping, torch.Tensor)) or not isinstance(experts, Sequence) or len(experts) == 0:
-        raise ValueError(f"{_fn_arg(fn, 'experts')} must be a non-empty list of (packed, scale, shape)")
+        raise ValueError(f"{checks.where(fn, 'experts')} must be a non-empty list of (packed, scale, shape)")
     packs, scales, shape0 = [], [], None
     for i, item in enumerate(experts):
         if isinstance(item, Mapping):
             try:
                 p, s, sh = item["weight_packed"], item["weight_scale"], item["weight_shape"]
             except KeyError as exc:
-                raise ValueError(f"{_fn_arg(fn, 'experts')}[{i}] lacks key {exc}") from None
+                raise ValueError(f"{checks.where(fn, 'experts')}[{i}] lacks key {exc}") from None
         elif isinstance(item, Sequence) and len(item) == 3:
             p, s, sh = item
         else:
-            raise ValueError(f"{_fn_arg(fn, 'experts')}[{i}] must be a dict or a (packed, scale, shape) triple")
-        _require_dtype(fn, f"experts[{i}].weight_packed", p, (torch.int32,))
-        _require_ndim(fn, f"experts[{i}].weight_packed", p, (2,), "2-D [N, K/8]")
+            raise ValueError(f"{checks.where(fn, 'experts')}[{i}] must be a dict or a (packed, scale, shape) triple")
+        checks.tensor(fn, f"experts[{i}].weight_packed", p, dtype=(torch.int32,))
+        checks.tensor(fn, f"experts[{i}].weight_packed", p, ndim=(2,), what="2-D [N, K/8]")
         nk = _shape_from_weight_shape(fn, sh)
         if shape0 is None:
             shape0 = nk
         elif nk != shape0:
-            raise ValueError(f"{_fn_arg(fn, 'experts')}[{i}] has weight_shape {nk}, expert 0 has {shape0}")
+            raise ValueError(f"{checks.where(fn, 'experts')}[{i}] has weight_shape {nk}, expert 0 has {shape0}")
         packs.append(p)
         scales.append(s)
     for i, (p, s) in enumerate(zip(packs, scales)):
-        _require_tensor(fn, f"experts[{i}].weight_scale", s)
+        checks.tensor(fn, f"experts[{i}].weight_scale", s)
         if p.shape != packs[0].shape or s.shape != scales[0].shape or s.dtype != scales[0].dtype:
             raise ValueError(
-                f"{_fn_arg(fn, 'experts')}[{i}] has packed {tuple(p.shape)} / scale {tuple(s.shape)} {s.dtype}, "
+                f"{checks.where(fn, 'experts')}[{i}] has packed {tuple(p.shape)} / scale {tuple(s.shape)} {s.dtype}, "
                 f"expert 0 has {tuple(packs[0].shape)} / {tuple(scales[0].shape)} {scales[0].dtype}"
             )
     assert shape0 is not None
@@ -502,25 +473,25 @@ class PackedExperts:
         fn = "PackedExperts"
         _require_group_size(fn, self.group_size)
         if self.layout != "swap16":
-            raise ValueError(f"{_fn_arg(fn, 'layout')} must be 'swap16', got {self.layout!r}")
-        _require_dtype(fn, "qweight", self.qweight, (torch.int32,))
-        _require_dtype(fn, "scales", self.scales, (torch.bfloat16,))
+            raise ValueError(f"{checks.where(fn, 'layout')} must be 'swap16', got {self.layout!r}")
+        checks.tensor(fn, "qweight", self.qweight, dtype=(torch.int32,))
+        checks.tensor(fn, "scales", self.scales, dtype=(torch.bfloat16,))
         e, n, k = self.num_experts, self.n, self.k
         for name, v in (("num_experts", e), ("n", n), ("k", k)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{_fn_arg(fn, name)} must be a positive int, got {v!r}")
+                raise ValueError(f"{checks.where(fn, name)} must be a positive int, got {v!r}")
         _check_swap16_nk(fn, "n", n, "k", k)
         want_q = (e, n // 16, k // 64, 32, 4)
         want_s = (e, n // 16, k // 64, 8, 2, 2)
         if tuple(self.qweight.shape) != want_q:
-            raise ValueError(f"{_fn_arg(fn, 'qweight')} must have shape {want_q}, got {tuple(self.qweight.shape)}")
+            raise ValueError(f"{checks.where(fn, 'qweight')} must have shape {want_q}, got {tuple(self.qweight.shape)}")
         if tuple(self.scales.shape) != want_s:
-            raise ValueError(f"{_fn_arg(fn, 'scales')} must have shape {want_s}, got {tuple(self.scales.shape)}")
+            raise ValueError(f"{checks.where(fn, 'scales')} must have shape {want_s}, got {tuple(self.scales.shape)}")
         if not self.qweight.is_contiguous():
-            raise ValueError(f"{_fn_arg(fn, 'qweight')} must be contiguous")
+            raise ValueError(f"{checks.where(fn, 'qweight')} must be contiguous")
         if not self.scales.is_contiguous():
-            raise ValueError(f"{_fn_arg(fn, 'scales')} must be contiguous")
-        _require_same_device(fn, "qweight", self.qweight, "scales", self.scales)
+            raise ValueError(f"{checks.where(fn, 'scales')} must be contiguous")
+        checks.same_device(fn, "qweight", self.qweight, "scales", self.scales)
 
     @property
     def device(self) -> torch.device:
@@ -537,15 +508,9 @@ class PackedExperts:
 
 def _check_swap16_nk(fn: str, n_name: str, n: int, k_name: str, k: int) -> None:
     if n % _SWAP16_N != 0:
-        raise ValueError(
-            f"{_fn_arg(fn, n_name)}: the swap16 layout needs N (output features) divisible by "
-            f"{_SWAP16_N}, got N={n}"
-        )
+        checks.fail(fn, n_name, f"have N (output features) divisible by {_SWAP16_N} (the swap16 layout)", f"N={n}")
     if k % _SWAP16_K != 0:
-        raise ValueError(
-            f"{_fn_arg(fn, k_name)}: the swap16 layout needs K (reduction dim) divisible by "
-            f"{_SWAP16_K}, got K={k}"
-        )
+        checks.fail(fn, k_name, f"have K (reduction dim) divisible by {_SWAP16_K} (the swap16 layout)", f"K={k}")
 
 
 def _swap16_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -571,19 +536,19 @@ def pack_experts(
     """
     fn = "pack_experts"
     q, scales = _codes_and_scales(fn, q, scales, (torch.bfloat16,))
-    _require_ndim(fn, "q", q, (2, 3), "2-D [N, K] or 3-D [E, N, K]")
+    checks.tensor(fn, "q", q, ndim=(2, 3), what="2-D [N, K] or 3-D [E, N, K]")
     if scales.dim() != q.dim():
-        raise ValueError(f"{_fn_arg(fn, 'scales')} must have the same rank as q ({q.dim()}), got shape {tuple(scales.shape)}")
-    _require_same_device(fn, "q", q, "scales", scales)
+        raise ValueError(f"{checks.where(fn, 'scales')} must have the same rank as q ({q.dim()}), got shape {tuple(scales.shape)}")
+    checks.same_device(fn, "q", q, "scales", scales)
     if q.dim() == 2:
         q, scales = q.unsqueeze(0), scales.unsqueeze(0)
     e, n, k = q.shape
     if e == 0:
-        raise ValueError(f"{_fn_arg(fn, 'q')} must hold at least one expert, got shape {tuple(q.shape)}")
+        raise ValueError(f"{checks.where(fn, 'q')} must hold at least one expert, got shape {tuple(q.shape)}")
     _check_swap16_nk(fn, "q", n, "q", k)
     if tuple(scales.shape) != (e, n, k // GROUP_SIZE):
         raise ValueError(
-            f"{_fn_arg(fn, 'scales')} must have shape {(e, n, k // GROUP_SIZE)} ([E, N, K/32]), got {tuple(scales.shape)}"
+            f"{checks.where(fn, 'scales')} must have shape {(e, n, k // GROUP_SIZE)} ([E, N, K/32]), got {tuple(scales.shape)}"
         )
     _check_q_range(fn, "q", q)
     _check_scales_finite(fn, "scales", scales)
@@ -605,7 +570,7 @@ def unpack_experts(p: PackedExperts) -> QuantizedExperts:
     """Invert ``pack_experts`` bit-exactly: ``PackedExperts`` -> ``QuantizedExperts``."""
     fn = "unpack_experts"
     if not isinstance(p, PackedExperts):
-        raise TypeError(f"{_fn_arg(fn, 'p')} must be a PackedExperts, got {type(p).__name__}")
+        raise TypeError(f"{checks.where(fn, 'p')} must be a PackedExperts, got {type(p).__name__}")
     e, n, k = p.num_experts, p.n, p.k
     nt, kb = n // 16, k // 64
     b = _words_as_bytes(p.qweight)  # e nt kb lane s byte
@@ -631,7 +596,7 @@ def pack_experts_from_compressed_tensors(
     _check_swap16_nk(fn, "weight_shape", n, "weight_shape", k)
     e = packed.shape[0]
     if e == 0:
-        raise ValueError(f"{_fn_arg(fn, 'weight_packed')} must hold at least one expert")
+        raise ValueError(f"{checks.where(fn, 'weight_packed')} must hold at least one expert")
     nt, kb = n // 16, k // 64
     qweight = torch.empty((e, nt, kb, 32, 4), dtype=torch.int32, device=packed.device)
     for e0, e1 in _expert_chunks(e, n * k):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from chord import jit, profiling
+from chord import checks, jit, profiling
 from chord._env import flag
 from chord.profiling import nvtx_range
 from chord.schedule import Problem, Schedule, load_profile, override, profile_for, select
@@ -37,22 +37,9 @@ __all__ = ["gemm_indexed", "gemm_contiguous", "gemm_masked", "gemm_indexed_raw",
 # argument checks (host only)
 
 
-def _check_tensor(name: str, t, dtype=None, dim=None, device=None, contiguous=True) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if dtype is not None:
-        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
-        if t.dtype not in allowed:
-            want = " or ".join(str(d).replace("torch.", "") for d in allowed)
-            raise TypeError(f"{name} must have dtype {want}, got {str(t.dtype).replace('torch.', '')}")
-    if dim is not None:
-        dims = dim if isinstance(dim, tuple) else (dim,)
-        if t.dim() not in dims:
-            raise ValueError(f"{name} must be {' or '.join(f'{d}-D' for d in dims)}, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} must be on {device} (like x), got {t.device}")
-    if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+def _tensor(fn: str, name: str, t, dtype=None, ndim=None, device=None, contiguous=True, aligned=True) -> None:
+    """A kernel operand: chord.checks.tensor, contiguous and 16-byte aligned unless told otherwise."""
+    checks.tensor(fn, name, t, dtype=dtype, ndim=ndim, device=device, contiguous=contiguous, aligned=aligned)
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -64,7 +51,7 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
-_OVERLAP_MSG = "out must not overlap x (the kernels read x while they write out); give out its own buffer"
+_OVERLAP_MSG = "{fn}: out must not overlap x (the kernels read x while they write out); give out its own buffer"
 
 # Host time per call (issue 6): a launch validates each argument's metadata (dtype, rank, shape,
 # strides, device) the first time it sees that combination with those scalars and schedule, and
@@ -92,36 +79,37 @@ def _memo_validate(tag: str, scalars: tuple, tensors: tuple, validate):
     return result
 
 
-def _check_weights(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int]:
-    _check_tensor("x", x, torch.bfloat16, (2, 3))
+def _check_weights(fn: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, out: torch.Tensor
+                   ) -> tuple[int, int, int]:
+    _tensor(fn, "x", x, torch.bfloat16, (2, 3))
     dev = x.device
-    _check_tensor("qweight", qweight, torch.int32, 5, dev)
-    _check_tensor("scales", scales, torch.bfloat16, 6, dev)
-    _check_tensor("out", out, torch.bfloat16, (2, 3), dev)
+    _tensor(fn, "qweight", qweight, torch.int32, 5, dev)
+    _tensor(fn, "scales", scales, torch.bfloat16, 6, dev)
+    _tensor(fn, "out", out, torch.bfloat16, (2, 3), dev)
     e, nt, kb, lanes, words = qweight.shape
     if lanes != 32 or words != 4:
-        raise ValueError(f"qweight must have the swap16 layout [E, N/16, K/64, 32, 4], got {tuple(qweight.shape)}")
+        raise ValueError(f"{fn}: qweight must have the swap16 layout [E, N/16, K/64, 32, 4], got {tuple(qweight.shape)}")
     if tuple(scales.shape) != (e, nt, kb, 8, 2, 2):
-        raise ValueError(f"scales must have shape {(e, nt, kb, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
+        raise ValueError(f"{fn}: scales must have shape {(e, nt, kb, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
     n, k = nt * 16, kb * 64
     if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG)
+        raise ValueError(_OVERLAP_MSG.format(fn=fn))
     if x.shape[-1] != k:
-        raise ValueError(f"x must have K={k} columns (qweight's K), got {x.shape[-1]}")
+        raise ValueError(f"{fn}: x must have K={k} columns (qweight's K), got {x.shape[-1]}")
     if out.shape[-1] != n:
-        raise ValueError(f"out must have N={n} columns (qweight's N), got {out.shape[-1]}")
+        raise ValueError(f"{fn}: out must have N={n} columns (qweight's N), got {out.shape[-1]}")
     return e, n, k
 
 
-def _check_schedule(schedule: str, family: str, n: int) -> Schedule:
+def _check_schedule(fn: str, schedule: str, family: str, n: int) -> Schedule:
     if not isinstance(schedule, str):
-        raise TypeError(f"schedule must be a schedule id string, got {type(schedule).__name__}")
+        raise TypeError(f"{fn}: schedule must be a schedule id string, got {type(schedule).__name__}")
     s = Schedule.from_id(schedule)
     if s.family != family:
-        raise ValueError(f"schedule {schedule} is for family {s.family}, not {family}")
+        raise ValueError(f"{fn}: schedule {schedule} is for family {s.family}, not {family}")
     if n % s.block_n_cta:
         what = f"block_n={s.block_n}" + (f" x n_tiles={s.n_tiles}" if s.n_tiles > 1 else "")
-        raise ValueError(f"schedule {schedule}: {what} does not divide N={n}")
+        raise ValueError(f"{fn}: schedule {schedule}: {what} does not divide N={n}")
     return s
 
 
@@ -168,31 +156,31 @@ def _checks_routing(check: bool | None, t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _check_indexed_values(sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid):
+def _check_indexed_values(fn, sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid):
     used = int(num_tokens_post_padded.reshape(-1)[0])
     cap = min(sorted_ids.numel() // block_m, expert_ids.numel()) * block_m
     if used < 0 or used % block_m or used > cap:
-        raise ValueError(f"num_tokens_post_padded={used} must be a multiple of block_m={block_m} in [0, {cap}]")
+        raise ValueError(f"{fn}: num_tokens_post_padded={used} must be a multiple of block_m={block_m} in [0, {cap}]")
     blocks = expert_ids[: used // block_m]
     if blocks.numel() and (int(blocks.min()) < -1 or int(blocks.max()) >= num_experts):
-        raise ValueError(f"expert_ids must lie in [-1, {num_experts}) below num_tokens_post_padded, "
+        raise ValueError(f"{fn}: expert_ids must lie in [-1, {num_experts}) below num_tokens_post_padded, "
                          f"got [{int(blocks.min())}, {int(blocks.max())}]")
     ids = sorted_ids[:used]
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > num_valid):
-        raise ValueError(f"sorted_ids must lie in [0, {num_valid}] (sentinel {num_valid} = padding) below "
+        raise ValueError(f"{fn}: sorted_ids must lie in [0, {num_valid}] (sentinel {num_valid} = padding) below "
                          f"num_tokens_post_padded, got [{int(ids.min())}, {int(ids.max())}]")
 
 
-def _check_offsets_values(expert_offsets, rows):
+def _check_offsets_values(fn, expert_offsets, rows):
     off = expert_offsets.cpu()
     if int(off[0]) < 0 or bool((off[1:] < off[:-1]).any()) or int(off[-1]) > rows:
-        raise ValueError(f"expert_offsets must rise from >= 0 to at most x.shape[0]={rows}, got {off.tolist()}")
+        raise ValueError(f"{fn}: expert_offsets must rise from >= 0 to at most x.shape[0]={rows}, got {off.tolist()}")
 
 
-def _check_counts_values(expert_num_tokens, max_rows):
+def _check_counts_values(fn, expert_num_tokens, max_rows):
     c = expert_num_tokens
     if c.numel() and (int(c.min()) < 0 or int(c.max()) > max_rows):
-        raise ValueError(f"expert_num_tokens must lie in [0, max_rows={max_rows}], got [{int(c.min())}, {int(c.max())}]")
+        raise ValueError(f"{fn}: expert_num_tokens must lie in [0, max_rows={max_rows}], got [{int(c.min())}, {int(c.max())}]")
 
 
 def check_cuda_sm90(t: torch.Tensor, name: str = "x") -> None:
@@ -213,14 +201,16 @@ def _capability(index: int) -> tuple[int, int]:
 # split-K fix-up buffers, per device: fp32 partial tiles + per-tile arrival counters. The kernel
 # leaves every counter at 0 when it finishes, so the buffers are reused by every launch and by
 # CUDA-graph replays. Buffers only grow; old ones stay referenced (a captured graph may use them).
-# One stream at a time may run split-K kernels on a device.
+# One workspace and counter array per (device, stream): split-K kernels on two streams at once
+# never share partials or counters; on one stream they run one after the other.
 _SPLIT_WS_LIMIT = 256 << 20
 _split_ws: dict = {}
 _split_ws_old: list = []
 
 
 def _split_buffers(device: torch.device, floats: int, tiles: int) -> tuple[int, int]:
-    key = device.index if device.index is not None else torch.cuda.current_device()
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    key = (dev, _raw_stream(dev))
     ws, cnt = _split_ws.get(key, (None, None))
     if ws is None or ws.numel() < floats or cnt.numel() < tiles:
         if ws is not None:
@@ -271,26 +261,27 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
 
 
 def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule):
-    e, n, k = _check_weights(x, qweight, scales, out)
+    fn = "gemm_indexed"
+    e, n, k = _check_weights(fn, x, qweight, scales, out)
     dev = x.device
     if x.dim() != 2 or out.dim() != 2:
-        raise ValueError(f"indexed: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
-    _check_tensor("sorted_ids", sorted_ids, torch.int32, 1, dev)
-    _check_tensor("expert_ids", expert_ids, torch.int32, 1, dev)
-    _check_tensor("num_tokens_post_padded", num_tokens_post_padded, torch.int32, 1, dev)
+        raise ValueError(f"{fn}: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
+    _tensor(fn, "sorted_ids", sorted_ids, torch.int32, 1, dev)
+    _tensor(fn, "expert_ids", expert_ids, torch.int32, 1, dev)
+    _tensor(fn, "num_tokens_post_padded", num_tokens_post_padded, torch.int32, 1, dev)
     if num_tokens_post_padded.numel() < 1:
-        raise ValueError("num_tokens_post_padded must hold one element")
+        raise ValueError(f"{fn}: num_tokens_post_padded must hold one element")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        raise ValueError(f"{fn}: top_k must be a positive int, got {top_k!r}")
     if isinstance(block_m, bool) or not isinstance(block_m, int):
-        raise ValueError(f"block_m must be an int (the routing's block size), got {block_m!r}")
-    s = _check_schedule(schedule, "indexed", n)
+        raise ValueError(f"{fn}: block_m must be an int (the routing's block size), got {block_m!r}")
+    s = _check_schedule(fn, schedule, "indexed", n)
     if block_m != s.block_m:
-        raise ValueError(f"block_m={block_m} (the routing's block size) must equal the schedule's block_m={s.block_m}")
+        raise ValueError(f"{fn}: block_m={block_m} (the routing's block size) must equal the schedule's block_m={s.block_m}")
     if out.shape[0] < x.shape[0] * top_k:
-        raise ValueError(f"out must have at least x.shape[0]*top_k={x.shape[0] * top_k} rows, got {out.shape[0]}")
+        raise ValueError(f"{fn}: out must have at least x.shape[0]*top_k={x.shape[0] * top_k} rows, got {out.shape[0]}")
     if sorted_ids.numel() // block_m > expert_ids.numel():
-        raise ValueError(f"expert_ids must hold one entry per block of sorted_ids "
+        raise ValueError(f"{fn}: expert_ids must hold one entry per block of sorted_ids "
                          f"({sorted_ids.numel() // block_m}), got {expert_ids.numel()}")
     return s, e, n, k
 
@@ -302,9 +293,9 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         lambda: _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
                                   block_m, schedule))
     if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG)
+        raise ValueError(_OVERLAP_MSG.format(fn="gemm_indexed"))
     if _checks_routing(check, sorted_ids):
-        _check_indexed_values(sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k)
+        _check_indexed_values("gemm_indexed", sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k)
     check_cuda_sm90(x)
     num_blocks = sorted_ids.numel() // block_m
     if num_blocks == 0 or x.shape[0] == 0:
@@ -336,24 +327,25 @@ def _(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, t
 
 
 def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
-    e, n, k = _check_weights(x, qweight, scales, out)
+    fn = "gemm_contiguous"
+    e, n, k = _check_weights(fn, x, qweight, scales, out)
     if x.dim() != 2 or out.dim() != 2:
-        raise ValueError(f"grouped_contiguous: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
-    _check_tensor("expert_offsets", expert_offsets, torch.int64, 1, x.device)
+        raise ValueError(f"{fn}: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
+    _tensor(fn, "expert_offsets", expert_offsets, torch.int64, 1, x.device)
     if expert_offsets.numel() != e + 1:
-        raise ValueError(f"expert_offsets must have E+1={e + 1} entries, got {expert_offsets.numel()}")
+        raise ValueError(f"{fn}: expert_offsets must have E+1={e + 1} entries, got {expert_offsets.numel()}")
     if out.shape[0] < x.shape[0]:
-        raise ValueError(f"out must have at least as many rows as x ({x.shape[0]}), got {out.shape[0]}")
-    return _check_schedule(schedule, "grouped_contiguous", n), e, n, k
+        raise ValueError(f"{fn}: out must have at least as many rows as x ({x.shape[0]}), got {out.shape[0]}")
+    return _check_schedule(fn, schedule, "grouped_contiguous", n), e, n, k
 
 
 def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check=None):
     s, e, n, k = _memo_validate("contiguous", (schedule,), (x, qweight, scales, expert_offsets, out),
                                 lambda: _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule))
     if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG)
+        raise ValueError(_OVERLAP_MSG.format(fn="gemm_contiguous"))
     if _checks_routing(check, expert_offsets):
-        _check_offsets_values(expert_offsets, x.shape[0])
+        _check_offsets_values("gemm_contiguous", expert_offsets, x.shape[0])
     check_cuda_sm90(x)
     rows = x.shape[0]
     if rows == 0:
@@ -381,21 +373,22 @@ def _(x, qweight, scales, expert_offsets, out, schedule, check_routing=-1):
 
 
 def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
-    e, n, k = _check_weights(x, qweight, scales, out)
-    _check_tensor("expert_num_tokens", expert_num_tokens, torch.int32, 1, x.device)
+    fn = "gemm_masked"
+    e, n, k = _check_weights(fn, x, qweight, scales, out)
+    _tensor(fn, "expert_num_tokens", expert_num_tokens, torch.int32, 1, x.device)
     if expert_num_tokens.numel() != e:
-        raise ValueError(f"expert_num_tokens must have E={e} entries, got {expert_num_tokens.numel()}")
+        raise ValueError(f"{fn}: expert_num_tokens must have E={e} entries, got {expert_num_tokens.numel()}")
     if x.dim() == 3:
         if x.shape[0] != e:
-            raise ValueError(f"x must be [E={e}, max_rows, K], got {tuple(x.shape)}")
+            raise ValueError(f"{fn}: x must be [E={e}, max_rows, K], got {tuple(x.shape)}")
         max_rows = x.shape[1]
     else:
         if x.shape[0] % e:
-            raise ValueError(f"2-D x must have E*max_rows rows (a multiple of E={e}), got {x.shape[0]}")
+            raise ValueError(f"{fn}: 2-D x must have E*max_rows rows (a multiple of E={e}), got {x.shape[0]}")
         max_rows = x.shape[0] // e
     if out.numel() // n != e * max_rows:
-        raise ValueError(f"out must hold E*max_rows={e * max_rows} rows of N={n}, got {tuple(out.shape)}")
-    return _check_schedule(schedule, "grouped_masked", n), e, n, k, max_rows
+        raise ValueError(f"{fn}: out must hold E*max_rows={e * max_rows} rows of N={n}, got {tuple(out.shape)}")
+    return _check_schedule(fn, schedule, "grouped_masked", n), e, n, k, max_rows
 
 
 def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check=None):
@@ -403,9 +396,9 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, chec
         "masked", (schedule,), (x, qweight, scales, expert_num_tokens, out),
         lambda: _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule))
     if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG)
+        raise ValueError(_OVERLAP_MSG.format(fn="gemm_masked"))
     if _checks_routing(check, expert_num_tokens):
-        _check_counts_values(expert_num_tokens, max_rows)
+        _check_counts_values("gemm_masked", expert_num_tokens, max_rows)
     check_cuda_sm90(x)
     if max_rows == 0:
         return
@@ -472,12 +465,12 @@ def gemm_masked_raw(x, qweight, scales, expert_num_tokens, out, schedule: str, *
 # wrappers
 
 
-def _check_packed(name: str, w) -> None:
+def _check_packed(fn: str, name: str, w) -> None:
     from chord.formats import PackedExperts
 
     if not isinstance(w, PackedExperts):
-        raise TypeError(f"{name} must be a chord.formats.PackedExperts (use chord.formats.pack_experts), "
-                        f"got {type(w).__name__}")
+        checks.fail(fn, name, "be a chord.formats.PackedExperts (use chord.formats.pack_experts)", type(w).__name__,
+                    TypeError)
 
 
 def _profile_for(w: "PackedExperts", profile, family: str):
@@ -493,7 +486,7 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
     (a chord.routing.IndexedRouting built with the schedule's block_m). check_routing: read and
     check the routing values before the launch (None: CHORD_CHECK_ROUTING, on by default; never
     while a CUDA graph is captured); False trusts them (the kernel stays in bounds regardless)."""
-    _check_packed("w", w)
+    _check_packed("gemm_indexed", "w", w)
     top_k = routing.top_k if top_k is None else top_k
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"gemm_indexed: top_k must be a positive int, got {top_k!r}")
@@ -519,7 +512,7 @@ def gemm_contiguous(x: torch.Tensor, w: "PackedExperts", expert_offsets: torch.T
                     profile=None, check_routing: bool | None = None) -> torch.Tensor:
     """Rows [off[e], off[e+1]) of x times expert e's weights; rows past off[E] are not written.
     check_routing: as gemm_indexed."""
-    _check_packed("w", w)
+    _check_packed("gemm_contiguous", "w", w)
     if schedule is None:
         prob = Problem("grouped_contiguous", w.num_experts, w.n, w.k, rows=x.shape[0])
         schedule = select(_profile_for(w, profile, "grouped_contiguous"), prob)
@@ -537,7 +530,7 @@ def gemm_masked(x: torch.Tensor, w: "PackedExperts", expert_num_tokens: torch.Te
     """x [E, max_rows, K]: the first expert_num_tokens[e] rows of expert e times its weights.
     `expected_rows` (host int, total valid rows expected) drives the schedule; default E*max_rows/4.
     check_routing: as gemm_indexed."""
-    _check_packed("w", w)
+    _check_packed("gemm_masked", "w", w)
     if schedule is None:
         max_rows = x.shape[1] if x.dim() == 3 else x.shape[0] // max(w.num_experts, 1)
         rows = expected_rows if expected_rows is not None else w.num_experts * max_rows
@@ -565,31 +558,32 @@ def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExpe
 
     family: "indexed" (vLLM moe_align contract), "grouped_contiguous" or "grouped_masked".
     """
+    fn = "fused_moe"
     from chord import routing as R
 
-    _check_packed("w13", w13)
-    _check_packed("w2", w2)
-    _check_tensor("hidden_states", hidden_states, torch.bfloat16, 2)
-    _check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), 2, hidden_states.device)
-    _check_tensor("topk_weights", topk_weights, (torch.float32, torch.bfloat16, torch.float16), 2,
-                  hidden_states.device, contiguous=False)
+    _check_packed(fn, "w13", w13)
+    _check_packed(fn, "w2", w2)
+    _tensor(fn, "hidden_states", hidden_states, torch.bfloat16, 2)
+    _tensor(fn, "topk_ids", topk_ids, (torch.int32, torch.int64), 2, hidden_states.device, aligned=False)
+    _tensor(fn, "topk_weights", topk_weights, (torch.float32, torch.bfloat16, torch.float16), 2,
+            hidden_states.device, contiguous=False, aligned=False)
     if topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}")
+        raise ValueError(f"{fn}: topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}")
     if w13.num_experts != w2.num_experts:
-        raise ValueError(f"w13 and w2 must have the same number of experts, got {w13.num_experts} and {w2.num_experts}")
+        raise ValueError(f"{fn}: w13 and w2 must have the same number of experts, got {w13.num_experts} and {w2.num_experts}")
     if w13.n != 2 * w2.k:
-        raise ValueError(f"w13 must have N = 2 * w2's K ({2 * w2.k}) for SiLU-GLU, got {w13.n}")
+        raise ValueError(f"{fn}: w13 must have N = 2 * w2's K ({2 * w2.k}) for SiLU-GLU, got {w13.n}")
     if w2.n != hidden_states.shape[1] or w13.k != hidden_states.shape[1]:
-        raise ValueError(f"hidden_states must have K = w13.k = w2.n = {w13.k}, got {hidden_states.shape[1]}")
+        raise ValueError(f"{fn}: hidden_states must have K = w13.k = w2.n = {w13.k}, got {hidden_states.shape[1]}")
     m, top_k = topk_ids.shape
     if hidden_states.shape[0] != m:
-        raise ValueError(f"fused_moe: hidden_states must have one row per topk_ids row ({m}), "
+        raise ValueError(f"{fn}: hidden_states must have one row per topk_ids row ({m}), "
                          f"got {hidden_states.shape[0]}")
     e = w13.num_experts
     n_route = expert_map.numel() if expert_map is not None else e  # ids index global experts
     rows = m * top_k
     if family not in ("indexed", "grouped_contiguous", "grouped_masked"):
-        raise ValueError(f"family must be one of indexed, grouped_contiguous, grouped_masked; got {family!r}")
+        raise ValueError(f"{fn}: family must be one of indexed, grouped_contiguous, grouped_masked; got {family!r}")
     prof = _profile_for(w13, profile, family)
 
     with nvtx_range("fused_moe", family):
@@ -622,7 +616,7 @@ def fused_moe(hidden_states: torch.Tensor, w13: "PackedExperts", w2: "PackedExpe
             down = gemm_masked(act, w2, lay.expert_num_tokens, profile=prof, expected_rows=rows,
                                    check_routing=False)
             return R.unpermute_masked(down, lay, topk_weights, m).to(torch.bfloat16)
-    raise ValueError(f"family must be one of indexed, grouped_contiguous, grouped_masked; got {family!r}")
+    raise ValueError(f"{fn}: family must be one of indexed, grouped_contiguous, grouped_masked; got {family!r}")
 
 
 def _valid_slots(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int) -> torch.Tensor:

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from chord import checks
+
 __all__ = [
     "IndexedRouting",
     "ContiguousLayout",
@@ -81,24 +83,24 @@ class IndexedRouting:
         for name in ("sorted_ids", "expert_ids", "num_tokens_post_padded"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
-                raise TypeError(f"{_arg(fn, name)} must be an int32 torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+                raise TypeError(f"{checks.where(fn, name)} must be an int32 torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
         if self.sorted_ids.dim() != 1 or self.expert_ids.dim() != 1:
             raise ValueError(f"{fn}: arguments 'sorted_ids' and 'expert_ids' must be 1-D")
         if self.num_tokens_post_padded.numel() != 1:
             raise ValueError(
-                f"{_arg(fn, 'num_tokens_post_padded')} must hold one element, got shape {tuple(self.num_tokens_post_padded.shape)}"
+                f"{checks.where(fn, 'num_tokens_post_padded')} must hold one element, got shape {tuple(self.num_tokens_post_padded.shape)}"
             )
         if not (self.sorted_ids.device == self.expert_ids.device == self.num_tokens_post_padded.device):
             raise ValueError(f"{fn}: 'sorted_ids', 'expert_ids' and 'num_tokens_post_padded' must be on one device")
         for name in ("block_m", "top_k"):
             v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise ValueError(f"{_arg(fn, name)} must be a positive int, got {v!r}")
-        if not _is_int(self.num_rows) or self.num_rows < 0 or self.num_rows % self.top_k:
-            raise ValueError(f"{_arg(fn, 'num_rows')} must be M * top_k (a non-negative multiple of {self.top_k}), got {self.num_rows!r}")
+            if not checks.is_int(v) or v < 1:
+                raise ValueError(f"{checks.where(fn, name)} must be a positive int, got {v!r}")
+        if not checks.is_int(self.num_rows) or self.num_rows < 0 or self.num_rows % self.top_k:
+            raise ValueError(f"{checks.where(fn, 'num_rows')} must be M * top_k (a non-negative multiple of {self.top_k}), got {self.num_rows!r}")
         if self.expert_ids.shape[0] * self.block_m < self.sorted_ids.shape[0]:
             raise ValueError(
-                f"{_arg(fn, 'expert_ids')} has {self.expert_ids.shape[0]} blocks, fewer than "
+                f"{checks.where(fn, 'expert_ids')} has {self.expert_ids.shape[0]} blocks, fewer than "
                 f"ceil({self.sorted_ids.shape[0]} / block_m={self.block_m}) for sorted_ids"
             )
 
@@ -180,49 +182,41 @@ class MaskedLayout:
 # --------------------------------------------------------------------------------------
 
 
-def _arg(fn: str, name: str) -> str:
-    return f"{fn}: argument '{name}'"
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _check_topk_ids(fn: str, topk_ids: Any) -> None:
     if not isinstance(topk_ids, torch.Tensor):
-        raise TypeError(f"{_arg(fn, 'topk_ids')} must be a torch.Tensor, got {type(topk_ids).__name__}")
+        raise TypeError(f"{checks.where(fn, 'topk_ids')} must be a torch.Tensor, got {type(topk_ids).__name__}")
     if topk_ids.dtype not in _INT_IDS:
-        raise TypeError(f"{_arg(fn, 'topk_ids')} must have dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
+        raise TypeError(f"{checks.where(fn, 'topk_ids')} must have dtype torch.int32 or torch.int64, got {topk_ids.dtype}")
     if topk_ids.dim() != 2:
-        raise ValueError(f"{_arg(fn, 'topk_ids')} must be 2-D [M, top_k], got shape {tuple(topk_ids.shape)}")
+        raise ValueError(f"{checks.where(fn, 'topk_ids')} must be 2-D [M, top_k], got shape {tuple(topk_ids.shape)}")
     if topk_ids.shape[1] < 1:
-        raise ValueError(f"{_arg(fn, 'topk_ids')} must have top_k >= 1 columns, got shape {tuple(topk_ids.shape)}")
+        raise ValueError(f"{checks.where(fn, 'topk_ids')} must have top_k >= 1 columns, got shape {tuple(topk_ids.shape)}")
 
 
 def _check_num_experts(fn: str, num_experts: Any) -> None:
-    if not _is_int(num_experts) or num_experts < 1:
-        raise ValueError(f"{_arg(fn, 'num_experts')} must be a positive int, got {num_experts!r}")
+    if not checks.is_int(num_experts) or num_experts < 1:
+        raise ValueError(f"{checks.where(fn, 'num_experts')} must be a positive int, got {num_experts!r}")
 
 
 def _check_expert_map(fn: str, expert_map: Any, num_experts: int, device: torch.device) -> None:
     if expert_map is None:
         return
     if not isinstance(expert_map, torch.Tensor):
-        raise TypeError(f"{_arg(fn, 'expert_map')} must be a torch.Tensor or None, got {type(expert_map).__name__}")
+        raise TypeError(f"{checks.where(fn, 'expert_map')} must be a torch.Tensor or None, got {type(expert_map).__name__}")
     if expert_map.dtype not in _INT_IDS:
-        raise TypeError(f"{_arg(fn, 'expert_map')} must have dtype torch.int32 or torch.int64, got {expert_map.dtype}")
+        raise TypeError(f"{checks.where(fn, 'expert_map')} must have dtype torch.int32 or torch.int64, got {expert_map.dtype}")
     if tuple(expert_map.shape) != (num_experts,):
         raise ValueError(
-            f"{_arg(fn, 'expert_map')} must have shape [num_experts] = [{num_experts}] (global -> local id, "
+            f"{checks.where(fn, 'expert_map')} must have shape [num_experts] = [{num_experts}] (global -> local id, "
             f"-1 = not local), got {tuple(expert_map.shape)}"
         )
     if expert_map.device != device:
         raise ValueError(
-            f"{fn}: arguments 'expert_map' ({expert_map.device}) and 'topk_ids' ({device}) must be on the same device"
+            f"{checks.where(fn, 'expert_map')} must be on the device of topk_ids ({device}), got {expert_map.device}"
         )
 
 
@@ -236,27 +230,27 @@ def _check_id_values(fn: str, topk_ids: torch.Tensor, num_experts: int, expert_m
         if lo < low_ok or hi >= num_experts:
             allowed = f"[0, {num_experts})" + (" or -1" if expert_map is not None else "")
             raise ValueError(
-                f"{_arg(fn, 'topk_ids')} holds expert ids in [{lo}, {hi}], expected {allowed}"
+                f"{checks.where(fn, 'topk_ids')} holds expert ids in [{lo}, {hi}], expected {allowed}"
                 + ("" if expert_map is not None else " (-1 is only accepted together with expert_map)")
             )
     if expert_map is not None:
         lo, hi = int(expert_map.min()), int(expert_map.max())
         if lo < -1 or hi >= num_experts:
             raise ValueError(
-                f"{_arg(fn, 'expert_map')} holds values in [{lo}, {hi}], expected local ids in [0, {num_experts}) or -1"
+                f"{checks.where(fn, 'expert_map')} holds values in [{lo}, {hi}], expected local ids in [0, {num_experts}) or -1"
             )
 
 
 def _check_hidden(fn: str, hidden_states: Any, topk_ids: torch.Tensor) -> None:
     if not isinstance(hidden_states, torch.Tensor):
-        raise TypeError(f"{_arg(fn, 'hidden_states')} must be a torch.Tensor, got {type(hidden_states).__name__}")
+        raise TypeError(f"{checks.where(fn, 'hidden_states')} must be a torch.Tensor, got {type(hidden_states).__name__}")
     if not hidden_states.dtype.is_floating_point:
-        raise TypeError(f"{_arg(fn, 'hidden_states')} must be a floating-point tensor, got {hidden_states.dtype}")
+        raise TypeError(f"{checks.where(fn, 'hidden_states')} must be a floating-point tensor, got {hidden_states.dtype}")
     if hidden_states.dim() != 2:
-        raise ValueError(f"{_arg(fn, 'hidden_states')} must be 2-D [M, K], got shape {tuple(hidden_states.shape)}")
+        raise ValueError(f"{checks.where(fn, 'hidden_states')} must be 2-D [M, K], got shape {tuple(hidden_states.shape)}")
     if hidden_states.shape[0] != topk_ids.shape[0]:
         raise ValueError(
-            f"{_arg(fn, 'hidden_states')} has {hidden_states.shape[0]} rows but topk_ids has {topk_ids.shape[0]} tokens"
+            f"{checks.where(fn, 'hidden_states')} has {hidden_states.shape[0]} rows but topk_ids has {topk_ids.shape[0]} tokens"
         )
     if hidden_states.device != topk_ids.device:
         raise ValueError(
@@ -303,7 +297,7 @@ def _num_local_experts(fn: str, expert_map: torch.Tensor | None, num_experts: in
     n_local = int((expert_map >= 0).sum())
     if n_local and int(expert_map.max()) != n_local - 1:
         raise ValueError(
-            f"{_arg(fn, 'expert_map')} must map its {n_local} local experts onto 0..{n_local - 1}, "
+            f"{checks.where(fn, 'expert_map')} must map its {n_local} local experts onto 0..{n_local - 1}, "
             f"got max {int(expert_map.max())}"
         )
     return n_local
@@ -352,8 +346,8 @@ def align_block_size(
     """
     fn = "align_block_size"
     _check_topk_ids(fn, topk_ids)
-    if not _is_int(block_m) or block_m <= 0 or block_m % 8 != 0:
-        raise ValueError(f"{_arg(fn, 'block_m')} must be a positive multiple of 8, got {block_m!r}")
+    if not checks.is_int(block_m) or block_m <= 0 or block_m % 8 != 0:
+        raise ValueError(f"{checks.where(fn, 'block_m')} must be a positive multiple of 8, got {block_m!r}")
     _check_num_experts(fn, num_experts)
     _check_expert_map(fn, expert_map, num_experts, topk_ids.device)
     num_rows = topk_ids.numel()
@@ -361,9 +355,9 @@ def align_block_size(
     need = sorted_ids_capacity(num_rows, block_m, num_experts)
     if max_num_tokens_padded is None:
         length = need
-    elif not _is_int(max_num_tokens_padded) or max_num_tokens_padded < need:
+    elif not checks.is_int(max_num_tokens_padded) or max_num_tokens_padded < need:
         raise ValueError(
-            f"{_arg(fn, 'max_num_tokens_padded')} must be an int >= {need} (vLLM's bound for "
+            f"{checks.where(fn, 'max_num_tokens_padded')} must be an int >= {need} (vLLM's bound for "
             f"{num_rows} routes, {num_experts} experts, block_m={block_m}), got {max_num_tokens_padded!r}"
         )
     else:
@@ -431,8 +425,8 @@ def contiguous_layout(
     _check_topk_ids(fn, topk_ids)
     _check_hidden(fn, hidden_states, topk_ids)
     _check_num_experts(fn, num_experts)
-    if not _is_int(alignment) or alignment < 1:
-        raise ValueError(f"{_arg(fn, 'alignment')} must be a positive int, got {alignment!r}")
+    if not checks.is_int(alignment) or alignment < 1:
+        raise ValueError(f"{checks.where(fn, 'alignment')} must be a positive int, got {alignment!r}")
     _check_expert_map(fn, expert_map, num_experts, topk_ids.device)
     if check_ids:
         _check_id_values(fn, topk_ids, num_experts, expert_map)
@@ -478,8 +472,8 @@ def masked_layout(
     _check_topk_ids(fn, topk_ids)
     _check_hidden(fn, hidden_states, topk_ids)
     _check_num_experts(fn, num_experts)
-    if max_rows is not None and (not _is_int(max_rows) or max_rows < 1):
-        raise ValueError(f"{_arg(fn, 'max_rows')} must be a positive int or None, got {max_rows!r}")
+    if max_rows is not None and (not checks.is_int(max_rows) or max_rows < 1):
+        raise ValueError(f"{checks.where(fn, 'max_rows')} must be a positive int or None, got {max_rows!r}")
     _check_expert_map(fn, expert_map, num_experts, topk_ids.device)
     if check_ids:
         _check_id_values(fn, topk_ids, num_experts, expert_map)
@@ -492,7 +486,7 @@ def masked_layout(
     if max_rows is None:
         max_rows = max(1, largest)
     elif largest > max_rows:
-        raise ValueError(f"{_arg(fn, 'max_rows')} = {max_rows} is smaller than the largest expert count {largest}")
+        raise ValueError(f"{checks.where(fn, 'max_rows')} = {max_rows} is smaller than the largest expert count {largest}")
 
     cap = n_local * max_rows
     ok = (key_sorted < n_local) & (rank < max_rows)
@@ -513,12 +507,12 @@ def masked_layout(
 
 def _unpermute(fn: str, out_rows: torch.Tensor, src_slot: torch.Tensor, topk_weights: Any, num_tokens: Any) -> torch.Tensor:
     if not isinstance(topk_weights, torch.Tensor) or not topk_weights.dtype.is_floating_point:
-        raise TypeError(f"{_arg(fn, 'topk_weights')} must be a floating-point torch.Tensor")
+        raise TypeError(f"{checks.where(fn, 'topk_weights')} must be a floating-point torch.Tensor")
     if topk_weights.dim() != 2:
-        raise ValueError(f"{_arg(fn, 'topk_weights')} must be 2-D [M, top_k], got shape {tuple(topk_weights.shape)}")
-    if not _is_int(num_tokens) or num_tokens != topk_weights.shape[0]:
+        raise ValueError(f"{checks.where(fn, 'topk_weights')} must be 2-D [M, top_k], got shape {tuple(topk_weights.shape)}")
+    if not checks.is_int(num_tokens) or num_tokens != topk_weights.shape[0]:
         raise ValueError(
-            f"{_arg(fn, 'num_tokens')} must equal topk_weights.shape[0] = {topk_weights.shape[0]}, got {num_tokens!r}"
+            f"{checks.where(fn, 'num_tokens')} must equal topk_weights.shape[0] = {topk_weights.shape[0]}, got {num_tokens!r}"
         )
     if out_rows.device != src_slot.device or topk_weights.device != src_slot.device:
         raise ValueError(f"{fn}: 'out_rows', 'layout' and 'topk_weights' must be on the same device")
@@ -528,7 +522,7 @@ def _unpermute(fn: str, out_rows: torch.Tensor, src_slot: torch.Tensor, topk_wei
     rows = out_rows.reshape(-1, n)
     slots = src_slot.reshape(-1)
     if rows.shape[0] != slots.shape[0]:
-        raise ValueError(f"{_arg(fn, 'out_rows')} has {rows.shape[0]} rows, the layout has {slots.shape[0]}")
+        raise ValueError(f"{checks.where(fn, 'out_rows')} has {rows.shape[0]} rows, the layout has {slots.shape[0]}")
     # inverse permutation: row of each flat route (-1 = not routed here)
     inv = torch.full((t + 1,), -1, dtype=torch.int64, device=slots.device)
     inv.scatter_(0, torch.where(slots >= 0, slots, t), torch.arange(slots.shape[0], device=slots.device))
@@ -554,9 +548,9 @@ def unpermute_contiguous(
     """
     fn = "unpermute_contiguous"
     if not isinstance(layout, ContiguousLayout):
-        raise TypeError(f"{_arg(fn, 'layout')} must be a ContiguousLayout, got {type(layout).__name__}")
+        raise TypeError(f"{checks.where(fn, 'layout')} must be a ContiguousLayout, got {type(layout).__name__}")
     if not isinstance(out_rows, torch.Tensor) or out_rows.dim() != 2:
-        raise ValueError(f"{_arg(fn, 'out_rows')} must be a 2-D tensor [rows, N]")
+        raise ValueError(f"{checks.where(fn, 'out_rows')} must be a 2-D tensor [rows, N]")
     return _unpermute(fn, out_rows, layout.src_slot, topk_weights, num_tokens)
 
 
@@ -566,10 +560,10 @@ def unpermute_masked(
     """float32 ``[num_tokens, N]`` weighted top-k sum from a masked output ``[E_local, max_rows, N]``."""
     fn = "unpermute_masked"
     if not isinstance(layout, MaskedLayout):
-        raise TypeError(f"{_arg(fn, 'layout')} must be a MaskedLayout, got {type(layout).__name__}")
+        raise TypeError(f"{checks.where(fn, 'layout')} must be a MaskedLayout, got {type(layout).__name__}")
     if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(layout.src_slot.shape):
         raise ValueError(
-            f"{_arg(fn, 'out')} must be a 3-D tensor [{layout.num_experts}, {layout.max_rows}, N]"
+            f"{checks.where(fn, 'out')} must be a 3-D tensor [{layout.num_experts}, {layout.max_rows}, N]"
         )
     return _unpermute(fn, out, layout.src_slot, topk_weights, num_tokens)
 
@@ -595,13 +589,13 @@ def balanced_topk_ids(
     """
     fn = "balanced_topk_ids"
     for name, v in (("num_tokens", num_tokens), ("num_experts", num_experts), ("top_k", top_k), ("tok_e", tok_e)):
-        if not _is_int(v) or v < 1:
-            raise ValueError(f"{_arg(fn, name)} must be a positive int, got {v!r}")
+        if not checks.is_int(v) or v < 1:
+            raise ValueError(f"{checks.where(fn, name)} must be a positive int, got {v!r}")
     if top_k > num_experts:
-        raise ValueError(f"{_arg(fn, 'top_k')} = {top_k} exceeds num_experts = {num_experts}")
+        raise ValueError(f"{checks.where(fn, 'top_k')} = {top_k} exceeds num_experts = {num_experts}")
     if num_tokens * top_k != num_experts * tok_e:
         raise ValueError(
-            f"{_arg(fn, 'num_tokens')}: num_tokens * top_k ({num_tokens * top_k}) must equal "
+            f"{checks.where(fn, 'num_tokens')}: num_tokens * top_k ({num_tokens * top_k}) must equal "
             f"num_experts * tok_e ({num_experts * tok_e})"
         )
     g = torch.Generator().manual_seed(int(seed))
@@ -634,10 +628,10 @@ def random_topk_ids(
     """
     fn = "random_topk_ids"
     for name, v in (("num_tokens", num_tokens), ("num_experts", num_experts), ("top_k", top_k)):
-        if not _is_int(v) or v < (0 if name == "num_tokens" else 1):
-            raise ValueError(f"{_arg(fn, name)} must be a {'non-negative' if name == 'num_tokens' else 'positive'} int, got {v!r}")
+        if not checks.is_int(v) or v < (0 if name == "num_tokens" else 1):
+            raise ValueError(f"{checks.where(fn, name)} must be a {'non-negative' if name == 'num_tokens' else 'positive'} int, got {v!r}")
     if top_k > num_experts:
-        raise ValueError(f"{_arg(fn, 'top_k')} = {top_k} exceeds num_experts = {num_experts}")
+        raise ValueError(f"{checks.where(fn, 'top_k')} = {top_k} exceeds num_experts = {num_experts}")
     g = torch.Generator().manual_seed(int(num_tokens if seed is None else seed))
     scores = torch.randn(num_tokens, num_experts, generator=g)
     ids = torch.topk(scores, top_k, dim=1).indices.to(torch.int32)

@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from chord import checks
+
 from humming import activation
 from humming.errors import ChordUnsupportedError
 
@@ -50,16 +52,12 @@ def _(inputs, outputs, scatter_idx, expert_tokens, num_valid_tokens, activation_
 
 
 def _check_index(name: str, t: Optional[torch.Tensor], device: int, dtypes: tuple) -> None:
+    # per-call hot path: an int device compare here; the message is chord.checks' (one form)
     if t is None:
         return
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"process_input: {name} must be a tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"process_input: {name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if t.get_device() != device:
-        raise ValueError(f"process_input: {name} must be on the device of inputs, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"process_input: {name} must be contiguous")
+    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or t.get_device() != device or not t.is_contiguous():
+        checks.tensor("process_input", name, t, dtype=dtypes, contiguous=True)
+        checks.fail("process_input", name, "be on the device of inputs", t.device)
 
 
 def process_input(

@@ -194,4 +194,6 @@ ERRORS = [
 def test_errors(call, exc, needle):
     with pytest.raises(exc) as info:
         call()
-    assert needle in str(info.value)
+    # "'name'": the argument the message must name, in chord.checks' form "<function>: <name> ..."
+    want = f": {needle[1:-1]}" if needle.startswith("'") and needle.endswith("'") else needle
+    assert want in str(info.value), (want, str(info.value))

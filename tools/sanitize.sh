@@ -1,17 +1,28 @@
 #!/bin/bash
-# compute-sanitizer memcheck over Chord's kernels (issue 7: memory-safe whatever the routing says).
+# compute-sanitizer over Chord's kernels (issue 7: memory-safe whatever the routing says).
 #
-#   tools/sanitize.sh                  # the memory-safety tests + over-allocated/skip-block tests
-#   tools/sanitize.sh -k masked        # any pytest selection of tests/gpu/test_kernels_gpu.py
+#   tools/sanitize.sh             # memcheck, racecheck and synccheck over tools/sanitize_cases.py
+#                                 # (every family x main loop, edge and bad routing values), then
+#                                 # memcheck over the memory-safety GPU tests
+#   tools/sanitize.sh --quick     # the same with two schedules per family
+#   tools/sanitize.sh -k masked   # memcheck over a pytest selection of tests/gpu/test_kernels_gpu.py only
 #
 # torch's caching allocator hides out-of-bounds accesses inside its pool, so it is switched off
 # (PYTORCH_NO_CUDA_MEMORY_CACHING=1): every tensor is its own allocation and memcheck sees a read
-# or write past it. Exits non-zero on any memcheck error or test failure.
+# or write past it. tools/sanitize_cases.py exits 1 unless every kernel demonstrably ran (the rows
+# its routing names were written and match the reference). Exits non-zero on any sanitizer error,
+# failed proof or test failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-if [ "$#" -eq 0 ]; then
-  set -- -k "clamped or stay_in_bounds or overallocated"
+SAN="compute-sanitizer --error-exitcode 1 --print-limit 20"
+if [ "$#" -gt 0 ] && [ "$1" != "--quick" ]; then
+  exec $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py "$@"
 fi
-exec compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py "$@"
+for tool in memcheck racecheck synccheck; do
+  echo "== compute-sanitizer --tool $tool: tools/sanitize_cases.py $*"
+  $SAN --tool $tool python3 tools/sanitize_cases.py "$@"
+done
+echo "== compute-sanitizer --tool memcheck: memory-safety GPU tests"
+$SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
+  -k "clamped or stay_in_bounds or overallocated"

@@ -1,0 +1,159 @@
+"""Randomized differential testing on the H200 (issue 7): seeded random shapes, expert counts,
+routing skews (uniform, Zipf, every token to one expert, empty experts) and schedules drawn from
+the profile, its ablations and a seeded sample of the whole knob space, against the float32
+reference, outputs poisoned with NaN first.
+
+$CHORD_FUZZ_CASES (default 500) cases per family; the summary line of each family's test says how
+many ran and passed. The schedule pool is `fuzz_pool(family)`, so a kernel cache can be built for
+it ahead (`chord precompile` does not know these schedules).
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from chord import ops, optimizations, reference, routing
+from chord.schedule import FAMILIES, KNOB, WGMMA_BLOCK_MS, Schedule
+from chord.testing import BF16_TOL, poisoned, profile_rule_schedules, random_experts, rel_err
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):  # pragma: no cover
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs an sm_90 (Hopper) GPU")]
+
+CASES = int(os.environ.get("CHORD_FUZZ_CASES", "500"))
+SKEWS = ("uniform", "zipf", "one_expert", "empty_experts")
+SAMPLED = 40  # knob-space schedules per family
+
+
+def _sample(family: str, rng: random.Random) -> Schedule | None:
+    wg = rng.random() < 0.5
+    kw: dict = {}
+    if wg:
+        bm, bn = rng.choice(WGMMA_BLOCK_MS), rng.choice((64, 128, 192, 256))
+        kw.update(mainloop="wgmma", wgmma_wait=rng.choice((0, 1)), producer=rng.choice((0, 0, 1)))
+        warps, stages = bn // 16, rng.randint(3, 6)
+    else:
+        bm, bn = rng.choice(range(8, 129, 8)), rng.choice((64, 128, 256))
+        warps, stages = rng.choice((1, 2, 4, 4, 8)), rng.randint(2, 8)
+        if bm % 16 == 0:
+            kw["swap"] = rng.choice((1, 1, 0))
+    c = rng.choice((1, 2))
+    split = rng.choice((1, 1, 1, 2, 3, 4))
+    nt = rng.choice((1, 1, 2, 4)) if split == 1 and not kw.get("producer") else 1
+    try:
+        return Schedule(family, bm, bn, warps, stages, c if not kw.get("producer") else 1, split_k=split,
+                        raster=rng.choice((0, 0, 4)), n_tiles=nt, **kw)
+    except ValueError:
+        return None
+
+
+def fuzz_pool(family: str) -> list[Schedule]:
+    """The profile's schedules of `family` (fitted to N = 256 and 512), each with its ablations,
+    and SAMPLED valid schedules of the knob space; deterministic, sorted by id."""
+    pool: dict = {}
+    for s in profile_rule_schedules((256, 512), family):
+        pool[s.id] = s
+        for off in optimizations.ablations(s).values():
+            pool[off.id] = off
+    rng = random.Random(1234 + FAMILIES.index(family))
+    sampled = 0
+    for _ in range(20000):
+        if sampled >= SAMPLED:
+            break
+        s = _sample(family, rng)
+        if s is not None and s.id not in pool:
+            pool[s.id] = s
+            sampled += 1
+    return sorted(pool.values(), key=lambda s: s.id)
+
+
+def _expert_ids(rng: random.Random, skew: str, m: int, e: int, top_k: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    if skew == "one_expert":  # every token routes to expert 0 (and top_k-1 others)
+        rest = torch.stack([torch.randperm(e - 1, generator=g)[: top_k - 1] + 1 for _ in range(m)]) if m else \
+            torch.zeros(0, top_k - 1, dtype=torch.int64)
+        return torch.cat([torch.zeros(m, 1, dtype=torch.int64), rest], 1).to(torch.int32)
+    if skew == "empty_experts":  # only half the experts get rows
+        live = torch.randperm(e, generator=g)[: max(top_k, e // 2)]
+        ids = [live[torch.randperm(len(live), generator=g)[:top_k]] for _ in range(m)]
+        return (torch.stack(ids) if m else torch.zeros(0, top_k, dtype=torch.int64)).to(torch.int32)
+    w = torch.ones(e) if skew == "uniform" else 1.0 / torch.arange(1, e + 1, dtype=torch.float32) ** 1.2
+    if not m:
+        return torch.zeros(0, top_k, dtype=torch.int32)
+    return torch.multinomial(w.expand(m, e), top_k, replacement=False, generator=g).to(torch.int32)
+
+
+def _case(family: str, i: int, pool: list[Schedule]) -> str:
+    rng = random.Random(10007 * (FAMILIES.index(family) + 1) + i)
+    s = pool[i % len(pool)]
+    n = s.block_n_cta * rng.choice((1, 2, 3))
+    k = 64 * rng.choice((1, 2, 3, 5, 8, 11, 16))
+    e = rng.randint(2, 12)
+    skew = rng.choice(SKEWS)
+    qe, pw = random_experts(e, n, k, seed=rng.randrange(1 << 20))
+    what = f"case {i}: {s.id} e={e} n={n} k={k} skew={skew}"
+    if family == "indexed":
+        m = rng.choice((0, 1, 2, rng.randint(1, 160)))
+        top_k = rng.randint(1, min(4, e))
+        ids = _expert_ids(rng, skew, m, e, top_k).cuda()
+        r = routing.align_block_size(ids, s.block_m, e)
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        out = poisoned(m * top_k, n)
+        ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
+        ref = reference.indexed_gemm_ref(x, qe, None, r, top_k)
+        valid = torch.ones(m * top_k, dtype=torch.bool, device="cuda")
+    elif family == "grouped_contiguous":
+        m, top_k = rng.randint(0, 120), rng.randint(1, min(3, e))
+        ids = _expert_ids(rng, skew, m, e, top_k).cuda()
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        lay = routing.contiguous_layout(x, ids, e, alignment=rng.choice((1, 8)))
+        extra = rng.randint(0, 9)
+        xin = torch.cat([lay.x, torch.randn(extra, k, device="cuda").bfloat16()])
+        out = poisoned(xin.shape[0], n)
+        ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=s)
+        ref = reference.contiguous_gemm_ref(xin, qe, None, lay.expert_offsets)
+        valid = ~torch.isnan(ref[:, 0])
+    else:
+        max_rows = rng.choice((1, 8, rng.randint(1, 80)))
+        m, top_k = rng.randint(0, 100), rng.randint(1, min(3, e))
+        ids = _expert_ids(rng, skew, m, e, top_k)
+        counts = torch.bincount(ids.flatten().long(), minlength=e).clamp(max=max_rows).to(torch.int32).cuda()
+        x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
+        out = poisoned(e, max_rows, n)
+        ops.gemm_masked(x, pw, counts, out=out, schedule=s)
+        ref = reference.masked_gemm_ref(x, qe, None, counts)
+        valid = ~torch.isnan(ref[..., 0])
+    assert torch.isnan(out[~valid]).all(), f"{what}: rows outside the routing were written"
+    if valid.any():
+        err = rel_err(out[valid], ref[valid])
+        assert err < BF16_TOL, f"{what}: rel_err {err:.2e}"
+    return what
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_against_the_reference(family, capsys):
+    pool = fuzz_pool(family)
+    assert len(pool) >= SAMPLED and all(s.family == family for s in pool)
+    assert {s.mainloop for s in pool} == {"mma", "wgmma"} and any(s.split_k > 1 for s in pool)
+    ran = 0
+    for i in range(CASES):
+        _case(family, i, pool)
+        ran += 1
+    torch.cuda.synchronize()
+    with capsys.disabled():
+        print(f"\n[fuzz] {family}: {ran} cases ran, {ran} passed, over {len(pool)} schedules "
+              f"({sum(s.mainloop == 'wgmma' for s in pool)} wgmma, {sum(s.split_k > 1 for s in pool)} split-K, "
+              f"{sum(s.swap == 0 for s in pool)} unswapped)")
+    assert ran == CASES
+
+
+def test_pool_covers_every_knob():
+    for family in FAMILIES:
+        pool = fuzz_pool(family)
+        for knob in KNOB.values():
+            if knob.off is not None:
+                assert any(getattr(s, knob.name) != knob.off for s in pool), (family, knob.name)
