@@ -12,13 +12,15 @@ switched on for the capture, so every launch sits in a range named `chord/<op>[<
 
 Tools:
 * ``torch``: torch.profiler (CPU + CUDA activity) in this process; writes ``trace.json`` (Chrome
-  trace, opens in Perfetto) and ``summary.json``. The NVTX ranges are mirrored as
+  trace, opens in Perfetto), ``summary.json`` and ``timeline.html``. The NVTX ranges are mirrored as
   record_function ranges, which torch.profiler does see.
 * ``nsys``: ``nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi`` over ``chord profile
   --tool none`` in a subprocess (the warm-up pair runs before cudaProfilerStart); writes
-  ``report.nsys-rep`` and ``nsys-stats.txt`` (``nsys stats``: NVTX ranges and kernels). Not
-  validated on the H200 yet: nsys is not installed on the device machine (PATH, $CUDA_HOME and
-  the usual Nsight folders are searched: :func:`find_tool`).
+  ``report.nsys-rep``, the ``nsys stats`` tables as CSV (``stats_<report>.csv``: NVTX ranges
+  with their GPU projection, kernels, and the per-event traces) parsed into the capture's range
+  and kernel tables, and ``timeline.html``. PATH, $CUDA_HOME and the usual Nsight folders are
+  searched (:func:`find_tool`); on the H200 machine nsys is the copy bundled with Nsight Compute,
+  and its report importer needs libdw/libelf on LD_LIBRARY_PATH (docs/profiling.md).
 * ``ncu``: ``ncu --nvtx --clock-control none`` on the captured iterations' Chord kernels in a
   subprocess (``--set`` chooses the sections); writes ``report.ncu-rep`` and ``ncu.txt`` (the
   per-kernel summary). Validated on the H200 (2026-12-01, ``/usr/local/cuda/bin/ncu``).
@@ -33,6 +35,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from chord import timeline
 
 TOOLS = ("torch", "nsys", "ncu", "none")
 
@@ -160,7 +164,67 @@ def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file) 
     ranges = merge_rows(ranges, "range")
     kernels = merge_rows(kernels, "kernel")
     torch.cuda.synchronize()
-    return Capture(scenario, family, "torch", iters, schedules, ranges, kernels, {"trace": str(trace)})
+    page = timeline.write_html(timeline.from_chrome_trace(trace), out_dir / "timeline.html",
+                               f"chord profile {scenario} {family} (torch.profiler)")
+    return Capture(scenario, family, "torch", iters, schedules, ranges, kernels,
+                   {"trace": str(trace), "timeline": str(page)})
+
+
+NSYS_REPORTS = ("nvtx_sum", "nvtx_gpu_proj_sum", "cuda_gpu_kern_sum", "cuda_gpu_trace", "nvtx_gpu_proj_trace")
+
+
+def _nsys_tables(nsys: str, rep: Path, out: Path) -> dict:
+    """``nsys stats`` of each report in NSYS_REPORTS as CSV (one call each: a report this nsys
+    version lacks fails alone); returns report -> CSV path for those that were written."""
+    files = {}
+    with (out / "nsys-stats.log").open("w") as log:
+        for r in NSYS_REPORTS:
+            prefix = out / "stats"
+            subprocess.run([nsys, "stats", "--report", r, "--format", "csv", "--force-export", "true",
+                            "--force-overwrite", "true", "--output", str(prefix), str(rep)],
+                           stdout=log, stderr=subprocess.STDOUT)
+            # nsys names the file <prefix>_<report>.csv (older versions: other separators)
+            hits = sorted(p for p in out.glob(f"stats*{r}.csv") if p.stat().st_size)
+            if hits:
+                files[r] = hits[0]
+    return files
+
+
+def _range_name(name: str) -> str:
+    """An NVTX range as nsys names it ("<domain>:<name>", e.g. "chord:chord/gemm_masked[...]")
+    without the domain."""
+    i = name.find("chord/")
+    return name[i:] if i > 0 else name.lstrip(":")
+
+
+def _nsys_summary_rows(path: Path, key: str, only_chord: bool) -> list[dict]:
+    """(name, calls, GPU µs) rows of an nsys ``*_sum`` CSV table."""
+    rows = timeline.read_csv_table(path)
+    if not rows:
+        return []
+    header = list(rows[0])
+    name_col = next((h for h in header if h.strip().lower() in ("range", "name")), header[-1])
+    total_col = next(h for h in header if "total" in h.lower() and "ns" in h.lower())
+    calls_col = next(h for h in header if "instances" in h.lower() or h.strip().lower() in ("count", "calls"))
+    out = []
+    for r in rows:
+        name = _range_name(r[name_col])
+        if only_chord and not name.startswith("chord/"):
+            continue
+        out.append({key: name, "calls": int(float(r[calls_col])), "gpu_us_total": float(r[total_col]) / 1e3})
+    return merge_rows(out, key)
+
+
+def _planned_schedules(scenario, family, suite, profile_file) -> dict:
+    """The schedule ids the captured calls launch (host-side selection, as the bench makes it),
+    for the tools that run the calls in a subprocess."""
+    from chord.bench import inputs as I
+    from chord.bench.runner import ChordAPI, scenario_schedules
+    from chord.schedule import gpu_profile_name
+
+    sc = I.scenario_for(suite, scenario, family, who="capture")
+    s1, s2 = scenario_schedules(family, sc, ChordAPI.profile(profile_file or gpu_profile_name(), sc.profile_deployment))
+    return {"gate_up": s1.id, "down": s2.id}
 
 
 def _self_command(scenario, family, iters, suite, profile_file) -> list[str]:
@@ -177,7 +241,9 @@ def _self_command(scenario, family, iters, suite, profile_file) -> list[str]:
 # installers); the newest version wins
 _TOOL_GLOBS = {
     "nsys": ("{cuda}/bin/nsys", "{cuda}/nsight-systems-*/bin/nsys", "/usr/local/cuda*/nsight-systems-*/bin/nsys",
-             "/opt/nvidia/nsight-systems/*/bin/nsys", "/usr/lib/nsight-systems/bin/nsys"),
+             "/opt/nvidia/nsight-systems/*/bin/nsys", "/usr/lib/nsight-systems/bin/nsys",
+             # the copy Nsight Compute bundles (the H200 machine has only this one)
+             "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"),
     "ncu": ("{cuda}/bin/ncu", "{cuda}/nsight-compute-*/ncu", "/usr/local/cuda*/nsight-compute-*/ncu",
             "/opt/nvidia/nsight-compute/*/ncu", "/usr/lib/nsight-compute/ncu"),
 }
@@ -244,12 +310,22 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
         _run([nsys, "profile", "-t", "cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
               "--force-overwrite", "true", "-o", str(rep),
               *_self_command(scenario, family, iters, suite, profile_file)], out / "nsys.log")
-        with (out / "nsys-stats.txt").open("w") as f:  # the kernel and NVTX tables of the report
-            subprocess.run([nsys, "stats", "--report", "nvtx_sum,cuda_gpu_kern_sum", str(rep) + ".nsys-rep"],
-                           stdout=f, stderr=subprocess.STDOUT)
-        cap = Capture(scenario, family, "nsys", iters, {}, [], [], {"tool": nsys, "report": str(rep) + ".nsys-rep",
-                                                                     "stats": str(out / "nsys-stats.txt"),
-                                                                     "log": str(out / "nsys.log")})
+        tables = _nsys_tables(nsys, Path(str(rep) + ".nsys-rep"), out)
+        if "cuda_gpu_kern_sum" not in tables:
+            raise CaptureError(f"nsys stats wrote no kernel table (see {out / 'nsys-stats.log'}; its importer needs "
+                               "libdw/libelf: docs/profiling.md)")
+        # GPU time per range: the GPU projection where this nsys has it, else the CPU-side range
+        rng = tables.get("nvtx_gpu_proj_sum") or tables.get("nvtx_sum")
+        ranges = _nsys_summary_rows(rng, "range", True) if rng else []
+        kernels = _nsys_summary_rows(tables["cuda_gpu_kern_sum"], "kernel", False)
+        page = timeline.write_html(timeline.from_nsys_traces(tables.get("cuda_gpu_trace"),
+                                                             tables.get("nvtx_gpu_proj_trace")),
+                                   out / "timeline.html", f"chord profile {scenario} {family} (Nsight Systems)")
+        cap = Capture(scenario, family, "nsys", iters, _planned_schedules(scenario, family, suite, profile_file),
+                      ranges, kernels,
+                      {"tool": nsys, "report": str(rep) + ".nsys-rep", "log": str(out / "nsys.log"),
+                       "timeline": str(page), "range_table": "nvtx_gpu_proj_sum" if tables.get("nvtx_gpu_proj_sum")
+                       else "nvtx_sum", **{f"stats_{k}": str(v) for k, v in tables.items()}})
     else:
         ncu = _tool_binary("ncu")
         rep = out / "report"
@@ -260,7 +336,8 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
         with (out / "ncu.txt").open("w") as f:
             subprocess.run([ncu, "--import", str(rep) + ".ncu-rep", "--print-summary", "per-kernel"], stdout=f,
                            stderr=subprocess.STDOUT)
-        cap = Capture(scenario, family, "ncu", iters, {}, [], [], {"tool": ncu, "report": str(rep) + ".ncu-rep",
+        cap = Capture(scenario, family, "ncu", iters, _planned_schedules(scenario, family, suite, profile_file), [], [],
+                      {"tool": ncu, "report": str(rep) + ".ncu-rep",
                                                                     "summary": str(out / "ncu.txt")})
     (out / "summary.json").write_text(json.dumps(cap.as_dict(), indent=1) + "\n")
     cap.files["summary"] = str(out / "summary.json")

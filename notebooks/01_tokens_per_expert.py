@@ -58,6 +58,37 @@ for r in rows:
 figures.sweep_figure(rows, marker=row)
 
 # %% [markdown]
+# ## Measured: the tok_e block-M rule switched off
+# The heuristic policy (no profile row) with its tok_e rule on and off, next to the tuned
+# profile, on a decode, a prefill and a TP8 point: `chord.workbench.ablate` times each distinct
+# schedule once (`chord.tune.time_schedules`), live on an H200, else the committed table.
+
+# %%
+from chord.workbench import ablate
+
+LABELS = ["heuristic", "tok_e rule off", "profile"]
+VARIANTS = {"heuristic": ablate.policy("heuristic"), "tok_e rule off": ablate.policy("heuristic,-tok_e_block_m"),
+            "profile": ablate.policy("profile")}
+POINTS = [("ep8-decode-tok1", "indexed", "gate_up"), ("ep8-prefill-tok128", "indexed", "gate_up"),
+          ("tp8-m4096", "indexed", "gate_up")]
+abl, where = ablate.ablation("01_tok_e_rule", POINTS, VARIANTS,
+                             "tok_e block-M rule on/off under the heuristic policy, and the tuned profile")
+print(where)
+print(ablate.table(abl, LABELS))
+figures.ablation_figure(ablate.figure_rows(abl, LABELS), LABELS, "tok_e block-M rule: on, off, tuned profile")
+
+# %% [markdown]
+# ## Live: these calls next to upstream Humming
+# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# upstream humming-kernels 0.1.20 in a worker subprocess with its own install
+# (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
+
+# %%
+from chord.workbench.compare import show_comparison
+
+vs_humming = show_comparison("ep8-prefill-tok128" if DEPLOYMENT == "ep8" else "tp8-m4096", FAMILY, quick=QUICK)
+
+# %% [markdown]
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
@@ -85,3 +116,12 @@ for r in rows:
     assert tune.row_for(table, r["rows"])["schedule"] == r["schedule"], r["tok_e"]
 assert all(a["block_m"] <= b["block_m"] for a, b in zip(rows, rows[1:]))
 print("the workbench, chord.ops and the vLLM path agree on", len(rows), "shapes")
+
+# the measured ablation: every variant computed the same product (to bf16 rounding), and with the
+# rule on the token tile covers the rows of an expert (the tok_e rule's promise)
+from chord.schedule import Schedule
+
+assert abl and all(r["rel_err_vs_first"] < 1e-2 for r in abl), abl
+for r in ablate.schedules(POINTS, {"heuristic": VARIANTS["heuristic"]}):
+    bm = Schedule.from_id(r["schedule"]).block_m
+    assert bm >= min(r["rows_per_expert"], 256) or bm == 256, r

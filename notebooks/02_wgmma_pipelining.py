@@ -33,10 +33,9 @@ GEMM = "gate_up"
 from chord import optimizations
 from chord.schedule import Problem, profile_for, select
 from chord.bench.suite import load_suite
-from chord.workbench import best_by, gpu_available, recorded_tuning
+from chord.workbench import best_by, recorded_tuning
 from chord.workbench import figures
 
-LIVE = gpu_available()
 sc = load_suite().scenario(SCENARIO)
 n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if GEMM == "gate_up" else (sc.n_down, sc.k_down, 1)
 sched = select(profile_for(FAMILY, sc.experts, n, k),
@@ -68,32 +67,48 @@ for r in rows:
 figures.ablation_figure(rows, ["mma", "wgmma", "wgmma+raster"], "best schedule of each main loop per GEMM (H200)")
 
 # %% [markdown]
-# ## Live: the profile's schedule and each knob switched off
-# With an sm_90 GPU this times the scenario's GEMM under the profile schedule and each of its
-# ablations (`chord.tune.time_schedules`: same inputs as `chord tune`, do_bench median of a
-# CUDA-graph replay) and checks whether the outputs are bit-identical (wait_group 1 vs 0 and the
-# raster must be; another main loop only agrees to rounding). Without a GPU it says so.
+# ## Measured: the profile's schedule and each knob switched off
+# This times the scenario's GEMM under the profile schedule, each of its ablations and the
+# warp-specialized producer switched on (`chord.workbench.ablate`: `chord.tune.time_schedules`,
+# the inputs of `chord tune`, do_bench median of a CUDA-graph replay) and checks whether the
+# outputs are bit-identical (wait_group 1 vs 0 and the raster must be; another main loop only
+# agrees to rounding). Live on an H200, else the committed table of the same run.
 
 # %%
-live = []
-if LIVE:
-    from chord import tune
+from chord.workbench import ablate
 
-    from chord.schedule import override
+from chord.schedule import override
 
-    variants = [sched, *ablations.values()]
-    if sched.mainloop == "wgmma":
-        try:  # the warp-specialized producer switched on (it needs block_n <= 192)
-            variants.append(override(sched, producer=1))
-        except ValueError as exc:
-            print("no warp-specialized variant of", sched.id, "-", exc)
-    live = tune.time_schedules(SCENARIO, FAMILY, GEMM, variants, rep_ms=20 if QUICK else 100)
-    flops = 2 * sc.rows * n * k
-    for r in live:
-        same = "bit-identical" if r["same_bits"] else f"rel_err {r['rel_err']:.1e}"
-        print(f"{r['schedule']:45s} {r['us']:9.1f} us  {flops / r['us'] / 1e6:6.0f} TFLOP/s  {same}")
-else:
-    print("no sm_90 GPU here: nothing timed live (the recorded tuning run above is from an H200)")
+
+def _producer_on(prof, prob):
+    s = select(prof, prob, "profile")
+    try:  # the warp-specialized producer needs wgmma, block_n <= 192 and one CTA per SM
+        return override(s, producer=1, ctas_per_sm=1, n_tiles=1) if s.mainloop == "wgmma" else None
+    except ValueError:
+        return None
+
+
+VARIANTS = {"profile": ablate.policy("profile"), **{f"{name} off": ablate.knob_off(name) for name in ablations},
+            "producer on": _producer_on}
+LABELS = list(VARIANTS)
+live, where = ablate.ablation("02_wgmma_knobs", [(SCENARIO, FAMILY, GEMM)], VARIANTS,
+                              "the profile's wgmma schedule with each knob off, and the producer on",
+                              rep_ms=20 if QUICK else 100)
+print(where)
+for r in live:
+    same = "bit-identical" if r["same_bits_as_first"] else f"rel_err {r['rel_err_vs_first']:.1e}"
+    print(f"{r['variant']:36s} {r['schedule']:45s} {r['us']:9.1f} us  {r['TFLOP_per_s']:6.0f} TFLOP/s  {same}")
+
+# %% [markdown]
+# ## Live: these calls next to upstream Humming
+# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# upstream humming-kernels 0.1.20 in a worker subprocess with its own install
+# (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
+
+# %%
+from chord.workbench.compare import show_comparison
+
+vs_humming = show_comparison(SCENARIO, FAMILY, quick=QUICK)
 
 # %% [markdown]
 # ## NVTX capture of these calls
@@ -117,7 +132,7 @@ if wait.is_on(sched):
     off = wait.switch_off(sched)
     assert {kn for kn in sched.knobs() if getattr(off, kn) != getattr(sched, kn)} == {"wgmma_wait"}
 for r in live:
-    if r["schedule"] in {s.id for name, s in ablations.items() if name != "wgmma main loop"}:
-        assert r["same_bits"], r
+    if r["variant"] in {f"{name} off" for name in ablations if name != "wgmma main loop"}:
+        assert r["same_bits_as_first"], r
 assert all(r["wgmma_us"] is None or r["wgmma_us"] > 0 for r in rows)
 print("invariants hold for", sched.id)

@@ -16,12 +16,16 @@
 # At 1-32 rows per expert a GEMM is a weight stream: every INT4 weight is read once and used by
 # a handful of tokens. Chord puts the dequantized weights on the MMA's M side (16 rows per
 # m16n8k16 tile) and the tokens on N (8 per tile), so a tile of 8 tokens wastes nothing where an
-# unswapped kernel would pad the tokens to 16 rows. The unswapped kernel (the ablation's "off"
-# side) and semi-static token slicing are not built yet (`chord.optimizations`, planned); what is
-# measured here is what the swap achieves: weight bytes per second against the HBM ceiling.
+# unswapped kernel would pad the tokens to 16 rows. The swap is the `swap` knob of the mma main
+# loop: its off side (`swap=0`) runs the same copies and the same dequantized weight registers
+# with the tokens on the M side in 16-row tiles. Measured here: what the swap buys over tok_e
+# 1-32 (the ablation, live on an H200 or the committed table), weight bytes per second against
+# the HBM ceiling, and these calls next to upstream Humming. Semi-static token slicing is not
+# built yet (`chord.optimizations`, planned).
 
 # %% tags=["parameters"]
 QUICK = True
+FAMILY = "grouped_masked"
 
 # %%
 import torch
@@ -32,6 +36,7 @@ from chord.bench.floors import scenario_floor, weight_bytes
 from chord.bench.inputs import make_topk_ids
 from chord.bench.report import pivot
 from chord.bench.suite import load_suite
+from chord.schedule import Schedule
 from chord.workbench import decision_row, recorded_results, where_results_come_from
 
 for name in ("decode operand swap", "semi-static token slicing"):
@@ -67,6 +72,66 @@ for cell in pivot(res):
           f"{100 * rate / ceil.copy_TB_per_s:6.1f}% {h or float('nan'):10.1f} {wbytes / h / 1e6 if h else float('nan'):6.2f}")
 
 # %% [markdown]
+# ## The swap's ablation: swapped vs unswapped over tok_e
+# For each decode point: the profile's schedule, and the same schedule with `swap=0` (an 8-row
+# token tile becomes a 16-row one: tokens on M come in 16-row MMA tiles). Both through
+# `chord.tune.time_schedules` (the inputs of `chord tune`, do_bench median of a CUDA-graph
+# replay); the off side's output is checked against the swapped one. wgmma schedules have no
+# unswapped side (the weights are always wgmma's register A operand) and are skipped.
+
+# %%
+from chord.schedule import Problem, profile_for, select
+from chord.workbench.data import live_or_recorded
+
+SWAP = optimizations.BY_NAME["decode operand swap"]
+POINTS = ("ep8-decode-tok1", "ep8-decode-tok4", "ep8-decode-tok32") if QUICK else \
+    ("ep8-decode-tok1", "ep8-decode-tok4", "ep8-decode-tok12", "ep8-decode-tok32")
+GEMMS = ("gate_up",) if QUICK else ("gate_up", "down")
+
+
+def measure_swap():
+    from chord import tune
+
+    out = []
+    for sid in POINTS:
+        sc = suite.scenario(sid)
+        for gemm in GEMMS:
+            n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if gemm == "gate_up" else (sc.n_down, sc.k_down, 1)
+            on = select(profile_for(FAMILY, sc.experts, n, k),
+                        Problem(FAMILY, sc.experts, n, k, sc.rows, top_k if FAMILY == "indexed" else 1))
+            if not SWAP.is_on(on):
+                print(f"{sid} {gemm}: {on.id} has no unswapped side (wgmma), skipped")
+                continue
+            touched = int(torch.unique(make_topk_ids(sc)).numel())
+            wb = touched * weight_bytes(n, k)
+            for r in tune.time_schedules(sid, FAMILY, gemm, [on, SWAP.switch_off(on)], rep_ms=20 if QUICK else 60):
+                out.append({"scenario": sid, "tok_e": sc.rows_per_expert, "gemm": gemm, "schedule": r["schedule"],
+                            "swap": int(r["schedule"] == on.id), "us": round(r["us"], 2),
+                            "weight_TB_per_s": round(wb / r["us"] / 1e6, 3), "rel_err_vs_swapped": r["rel_err"]})
+    return out
+
+
+swap_rows, where = live_or_recorded("03_swap_ablation", measure_swap,
+                                    f"swapped vs unswapped ({FAMILY}) per decode GEMM, chord.tune.time_schedules")
+print(where)
+print(f"{'scenario':18s} {'gemm':8s} {'swapped us':>10s} {'unswapped us':>12s} {'off/on':>7s} {'TB/s on':>8s} {'TB/s off':>9s}")
+for key in dict.fromkeys((r["scenario"], r["gemm"]) for r in swap_rows):
+    on_r = next(r for r in swap_rows if (r["scenario"], r["gemm"]) == key and r["swap"] == 1)
+    off_r = next(r for r in swap_rows if (r["scenario"], r["gemm"]) == key and r["swap"] == 0)
+    print(f"{key[0]:18s} {key[1]:8s} {on_r['us']:10.1f} {off_r['us']:12.1f} {off_r['us'] / on_r['us']:7.2f} "
+          f"{on_r['weight_TB_per_s']:8.2f} {off_r['weight_TB_per_s']:9.2f}")
+
+# %% [markdown]
+# ## Live: these calls next to upstream Humming
+# `chord.workbench.compare` runs the bench on this scenario and family: Chord here, upstream
+# humming-kernels 0.1.20 in a worker subprocess with its own install (`CHORD_HUMMING_DIR`).
+
+# %%
+from chord.workbench.compare import show_comparison
+
+show_comparison("ep8-decode-tok4", FAMILY, quick=QUICK)
+
+# %% [markdown]
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
@@ -75,15 +140,19 @@ for cell in pivot(res):
 # %%
 from chord.workbench.captures import show_capture
 
-show_capture("ep8-decode-tok4", "grouped_masked")
+show_capture("ep8-decode-tok4", FAMILY)
 
 # %% [markdown]
 # ## Invariant
 # No measured rate exceeds what HBM can deliver (reads alone run about 4 % above the copy
-# ceiling, so 10 % is the physical margin), and the floors agree with the bytes counted here.
+# ceiling, so 10 % is the physical margin), the floors agree with the bytes counted here, and
+# the unswapped side computes the same product (to bf16 rounding) with 16-row token tiles.
 
 # %%
 assert rates and max(rates) < 1.1 * ceil.copy_TB_per_s, (max(rates), ceil.copy_TB_per_s)
+assert swap_rows and all(r["rel_err_vs_swapped"] < 1e-2 for r in swap_rows), swap_rows
+assert all(r["weight_TB_per_s"] < 1.1 * ceil.copy_TB_per_s for r in swap_rows)
+assert all(Schedule.from_id(r["schedule"]).block_m % 16 == 0 for r in swap_rows if r["swap"] == 0)
 sc = suite.scenario("ep8-decode-tok1")
 fl = scenario_floor(sc, ceil, sc.experts)
 assert fl.bound == "memory" and fl.floor_us > 0.9 * 48 * (weight_bytes(4096, 7168) + weight_bytes(7168, 2048)) \

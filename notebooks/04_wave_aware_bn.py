@@ -69,6 +69,40 @@ for r in rows:
 figures.ablation_figure(rows, ["BN=128", "BN=256"], "fastest schedule per block_n and GEMM (H200, chord tune)")
 
 # %% [markdown]
+# ## Measured: the wave-aware BN rule switched off
+# The heuristic policy with the rule on (BN 256 only when its tiles fill whole waves) and off
+# (BN 128 always), next to the tuned profile (`chord.workbench.ablate`: live on an H200, else
+# the committed table).
+
+# %%
+from chord.workbench import ablate
+
+LABELS = ["heuristic", "wave rule off", "profile"]
+VARIANTS = {"heuristic": ablate.policy("heuristic"), "wave rule off": ablate.policy("heuristic,-wave_aware_bn"),
+            "profile": ablate.policy("profile")}
+POINTS = [("ep8-decode-tok1", FAMILY, "gate_up"), ("ep8-decode-tok12", FAMILY, "gate_up"),
+          ("tp8-m1024", "indexed", "gate_up")]
+abl, where = ablate.ablation("04_wave_aware_bn", POINTS, VARIANTS,
+                             "wave-aware BN on/off under the heuristic policy, and the tuned profile")
+print(where)
+print(ablate.table(abl, LABELS))
+for r in ablate.schedules(POINTS, {"heuristic": VARIANTS["heuristic"]}):
+    print(r["scenario"], r["gemm"], "-", decision_row("tp8" if r["scenario"].startswith("tp8") else "ep8", r["family"],
+                                                       r["gemm"], r["rows_per_expert"], policy="heuristic")["reason"])
+figures.ablation_figure(ablate.figure_rows(abl, LABELS), LABELS, "wave-aware BN: on, off, tuned profile")
+
+# %% [markdown]
+# ## Live: these calls next to upstream Humming
+# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# upstream humming-kernels 0.1.20 in a worker subprocess with its own install
+# (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
+
+# %%
+from chord.workbench.compare import show_comparison
+
+vs_humming = show_comparison("ep8-prefill-tok512" if DEPLOYMENT == "ep8" else "tp8-m16384", FAMILY, quick=QUICK)
+
+# %% [markdown]
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
@@ -91,3 +125,9 @@ for tok_e in {p["tok_e"] for p in pred}:
         assert (p["waves"] - 1) * SMS_H200 < p["tiles"] <= p["waves"] * SMS_H200
     assert b["tiles"] * 2 == a["tiles"] and b["waves"] <= a["waves"]
 print("wave arithmetic holds for", len(pred) // 2, "shapes")
+
+# the measured ablation: same product for every variant; the rule off never picks BN 256
+assert abl and all(r["rel_err_vs_first"] < 1e-2 for r in abl), abl
+from chord.schedule import Schedule
+
+assert all(Schedule.from_id(r["schedule"]).block_n <= 128 for r in abl if r["variant"] == "wave rule off")

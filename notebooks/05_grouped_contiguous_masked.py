@@ -62,6 +62,34 @@ for scen, fams in by.items():
         print(f"{scen:20s} {a:10.1f} {b:10.1f} {other[0]:18s} {b / a:15.2f}")
 
 # %% [markdown]
+# ## Measured: the tile raster on the contiguous family
+# Groups of token tiles walk every N block before the next group, so an expert's weights are read
+# from HBM once per group; off: launch order. The profile's schedule and the same schedule with
+# `raster=0` (`chord.workbench.ablate`: live on an H200, else the committed table). Buffered-K
+# depth for the masked family is planned (`chord.optimizations`).
+
+# %%
+from chord.workbench import ablate
+
+LABELS = ["profile", "raster off"]
+VARIANTS = {"profile": ablate.policy("profile"), "raster off": ablate.knob_off("tile raster")}
+POINTS = [("ep8-prefill-tok128", "grouped_contiguous", "gate_up"), ("ep8-prefill-tok512", "grouped_contiguous", "gate_up")]
+abl, where = ablate.ablation("05_raster", POINTS, VARIANTS, "tile raster on/off on the profile's contiguous schedules")
+print(where)
+print(ablate.table(abl, LABELS))
+
+# %% [markdown]
+# ## Live: these calls next to upstream Humming
+# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# upstream humming-kernels 0.1.20 in a worker subprocess with its own install
+# (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
+
+# %%
+from chord.workbench.compare import show_comparison
+
+vs_humming = show_comparison("ep8-prefill-tok128", "grouped_contiguous", quick=QUICK)
+
+# %% [markdown]
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
@@ -85,3 +113,6 @@ assert used % 8 == 0 and rows <= used <= rows + E * 7
 valid = ind.sorted_ids[:used]
 assert sorted(valid[valid < ind.num_rows].tolist()) == list(range(rows))
 print("layouts agree on", rows, "routed rows")
+
+# the raster changes the launch order, never the arithmetic: bit-identical outputs
+assert abl and all(r["same_bits_as_first"] for r in abl if r["variant"] == "raster off"), abl

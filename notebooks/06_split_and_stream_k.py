@@ -76,6 +76,41 @@ for r in nt_rows:
 figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n_tiles")
 
 # %% [markdown]
+# ## Measured live: the split-K gate and multi-tile CTAs switched off
+# The heuristic policy with its split-K gate on and off at one token (next to the tuned profile),
+# and the profile's TP8 down schedule with `n_tiles` on and off (`chord.workbench.ablate`: live
+# on an H200, else the committed tables).
+
+# %%
+from chord.workbench import ablate
+
+SK_LABELS = ["heuristic", "split-K gate off", "profile"]
+sk, where = ablate.ablation("06_split_k_gate", [(SCENARIO, "indexed", "gate_up")],
+                            {"heuristic": ablate.policy("heuristic"),
+                             "split-K gate off": ablate.policy("heuristic,-split_k_gate"),
+                             "profile": ablate.policy("profile")},
+                            "split-K gate on/off under the heuristic policy, and the tuned profile")
+print(where)
+print(ablate.table(sk, SK_LABELS))
+NT_LABELS = ["profile", "n_tiles off"]
+nt, where = ablate.ablation("06_n_tiles", [("tp8-m64", "indexed", "down"), ("tp8-m256", "indexed", "down")],
+                            {"profile": ablate.policy("profile"), "n_tiles off": ablate.knob_off("multi-tile CTAs")},
+                            "n_tiles on/off on the profile's TP8 down schedules")
+print(where)
+print(ablate.table(nt, NT_LABELS))
+
+# %% [markdown]
+# ## Live: these calls next to upstream Humming
+# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# upstream humming-kernels 0.1.20 in a worker subprocess with its own install
+# (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
+
+# %%
+from chord.workbench.compare import show_comparison
+
+vs_humming = show_comparison(SCENARIO, "indexed", quick=QUICK)
+
+# %% [markdown]
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
@@ -114,3 +149,7 @@ off = multi.switch_off(d)
 assert off.n_tiles == 1 and {kn for kn in d.knobs() if getattr(off, kn) != getattr(d, kn)} == {"n_tiles"}
 assert off.grid_n(7168) == d.n_tiles * d.grid_n(7168)
 print("n_tiles invariants hold for", d.id)
+
+# measured live: n_tiles off gives the same bits; the split-K gate's variants agree to rounding
+assert nt and all(r["same_bits_as_first"] for r in nt), nt
+assert sk and all(r["rel_err_vs_first"] < 1e-2 for r in sk), sk

@@ -109,3 +109,69 @@ def test_tile_count_and_waves():
     assert tile_count(384, 8 / 384, 8, 512, 64, split_k=8) == 8 * 1 * 8 * 8  # one TP8 token: 8 experts
     assert waves(3072) == (24, pytest.approx(3072 / 132 - 23))
     assert waves(132) == (1, 1.0) and waves(0) == (0, 0.0) and waves(264, ctas_per_sm=2) == (1, 1.0)
+
+
+# ---- measured ablations, notebook tables, the live comparison (CPU parts) -------------------
+
+def test_ablation_variants_and_measure(monkeypatch):
+    from chord import tune
+    from chord.workbench import ablate
+
+    points = [("ep8-decode-tok1", "indexed", "gate_up"), ("tp8-m256", "indexed", "down")]
+    variants = {"profile": ablate.policy("profile"), "heuristic": ablate.policy("heuristic"),
+                "n_tiles off": ablate.knob_off("multi-tile CTAs")}
+    rows = ablate.schedules(points, variants)
+    by = {(r["scenario"], r["variant"]): r["schedule"] for r in rows}
+    assert by[("ep8-decode-tok1", "n_tiles off")] is None  # that schedule has one tile per CTA
+    assert by[("tp8-m256", "n_tiles off")].endswith("-c1") or "-nt" not in by[("tp8-m256", "n_tiles off")]
+    calls = []
+
+    def fake(scenario, family, gemm, ids, rep_ms=20.0):
+        calls.append((scenario, tuple(ids)))
+        assert len(set(ids)) == len(ids), "each distinct schedule is timed once"
+        return [{"schedule": sid, "us": 100.0 + i, "same_bits": i == 0, "rel_err": 0.0 if i == 0 else 1e-3}
+                for i, sid in enumerate(ids)]
+
+    monkeypatch.setattr(tune, "time_schedules", fake)
+    got = ablate.measure(points, variants)
+    assert len(calls) == 2 and len(got) == 5  # the decode point has no n_tiles variant
+    first = next(r for r in got if r["scenario"] == "tp8-m256" and r["variant"] == "profile")
+    assert first["us"] == 100.0 and first["same_bits_as_first"] and first["TFLOP_per_s"] > 0
+    text = ablate.table(got, ["profile", "heuristic", "n_tiles off"])
+    assert "tp8-m256" in text and "1.0" in text
+    fr = ablate.figure_rows(got, ["profile", "n_tiles off"])
+    assert fr[0]["n_tiles off_us"] is None and fr[1]["n_tiles off_us"] > 0
+
+
+def test_notebook_tables_round_trip(tmp_path, monkeypatch):
+    from chord.workbench import data
+
+    rows = [{"scenario": "x", "us": 12.5, "same": True, "n": 3, "schedule": "idx-m8n128k64-w4-s8-c1"},
+            {"scenario": "y", "us": 7.0, "same": False, "n": 4, "schedule": None}]
+    assert data.save_table("t", rows, "what") is None  # no folder given, none in the environment
+    path = data.save_table("t", rows, "a test table", out_dir=tmp_path)
+    assert path.read_text().startswith("# ") and "a test table" in path.read_text().splitlines()[0]
+    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    back, where = data.recorded_table("t")
+    assert back == rows and "recorded:" in where and "notebooks/data/t.csv" in where
+    with pytest.raises(FileNotFoundError, match="no committed notebook table"):
+        data.recorded_table("missing")
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="first line"):
+        data.recorded_table("bad")
+    monkeypatch.setattr(data, "gpu_available", lambda: False)
+    assert data.live_or_recorded("t", lambda: 1 / 0, "w")[0] == rows  # no GPU: never measures
+
+
+def test_comparison_without_a_gpu_is_the_recorded_cell():
+    from chord.workbench import compare
+
+    result, where = compare.compare("ep8-decode-tok4", "grouped_masked")
+    assert "recorded" in where and result["rows"]
+    assert {r["scenario"] for r in result["rows"]} == {"ep8-decode-tok4"}
+    assert {r["family"] for r in result["rows"]} == {"grouped_masked"}
+    assert {r["provider"] for r in result["rows"]} >= {"chord"}
+    with pytest.raises(ValueError, match="scenario"):
+        compare.compare("no-such-scenario", "indexed")
+    with pytest.raises(ValueError, match="runs families"):
+        compare.compare("ep8-decode-tok4", "grouped_contiguous")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
@@ -31,7 +32,7 @@ def _run_order(path: Path) -> tuple:
 def _committed(name: str | None, pattern: str, what: str) -> Path:
     """chord/bench/results/<name>.json, or the newest file matching `pattern` when name is None."""
     if name is None:
-        kinds = ("tuning", "capture")  # other result kinds share the folder
+        kinds = ("tuning", "capture", "policy")  # other result kinds share the folder
         own = [k for k in kinds if k in pattern]
         runs = sorted((p for p in RESULTS_DIR.glob(pattern) if own or not any(k in p.name for k in kinds)),
                       key=_run_order)
@@ -57,8 +58,10 @@ def where_results_come_from(result: dict) -> str:
     """One line for the notebook to print above a table or figure."""
     meta = result.get("meta", {})
     if meta.get("file"):
+        why = "; no sm_90 GPU here, so nothing was measured live" if not gpu_available() else \
+            " (the committed suite run, shown as recorded)"
         return (f"recorded: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')} "
-                f"(chord/bench/results/{meta['file']}); no sm_90 GPU here, so nothing was measured live")
+                f"(chord/bench/results/{meta['file']}){why}")
     return f"live: {meta.get('gpu', '?')}, {meta.get('timestamp', '?')}"
 
 
@@ -99,3 +102,76 @@ def best_by(points: list[dict], groups: dict) -> list[dict]:
             row[f"{label}_us"], row[f"{label}_schedule"] = best
         rows.append(row)
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# notebooks/data: the tables a notebook measured live on an H200, committed as CSV so the same
+# notebook shows them without a GPU
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "data"
+DATA_OUT_ENV = "CHORD_NOTEBOOK_DATA_OUT"  # a folder: live notebook runs write their tables there
+
+
+def _cell(v: str):
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return {"True": True, "False": False, "": None}.get(v, v)
+
+
+def save_table(name: str, rows: list[dict], what: str, out_dir: str | Path | None = None) -> Path | None:
+    """Writes `rows` (dicts with the same keys) to ``<out_dir>/<name>.csv`` with a first comment
+    line: GPU, commit, UTC time and `what` was measured. `out_dir` defaults to
+    $CHORD_NOTEBOOK_DATA_OUT; with neither, nothing is written (returns None)."""
+    import csv
+    import datetime
+
+    out_dir = out_dir or os.environ.get(DATA_OUT_ENV)
+    if not out_dir or not rows:
+        return None
+    import torch
+
+    from chord.bench.runner import git_commit
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    path = Path(out_dir) / f"{name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        f.write(f"# {gpu}, commit {git_commit()}, {stamp}: {what}\n")
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in keys})
+    return path
+
+
+def recorded_table(name: str) -> tuple[list[dict], str]:
+    """(rows, the file's provenance line) of the committed ``notebooks/data/<name>.csv``."""
+    import csv
+
+    path = DATA_DIR / f"{name}.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"no committed notebook table {path.name} in {DATA_DIR}")
+    with path.open(newline="") as f:
+        first = f.readline()
+        if not first.startswith("# "):
+            raise ValueError(f"{path}: the first line must be '# <gpu>, commit <sha>, <time>: <what>'")
+        rows = [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return rows, f"recorded: {first[2:].strip()} (notebooks/data/{path.name}); no sm_90 GPU here, so nothing ran live"
+
+
+def live_or_recorded(name: str, measure, what: str) -> tuple[list[dict], str]:
+    """The one switch of a notebook's measured table: with an sm_90 GPU, ``measure()`` (its rows
+    are also saved by :func:`save_table` when $CHORD_NOTEBOOK_DATA_OUT is set); without one, the
+    committed ``notebooks/data/<name>.csv``. Returns (rows, where they come from)."""
+    if gpu_available():
+        rows = measure()
+        import torch
+
+        path = save_table(name, rows, what)
+        return rows, f"live: {torch.cuda.get_device_name()}" + (f" (saved to {path})" if path else "")
+    return recorded_table(name)

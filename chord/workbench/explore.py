@@ -54,8 +54,10 @@ def waves(tiles: int, sms: int = SMS_H200, ctas_per_sm: int = 1) -> tuple[int, f
     return w, (tiles - (w - 1) * slots) / slots
 
 
-def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int = SMS_H200) -> dict:
-    """The schedule Chord picks for `tok_e` rows per expert, and what that tile means on the GPU.
+def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int = SMS_H200,
+                 policy: str | None = None) -> dict:
+    """The schedule Chord picks for `tok_e` rows per expert (under the selection `policy`:
+    default $CHORD_POLICY, see chord.schedule.parse_policy), and what that tile means on the GPU.
 
     ``tiles`` counts the CTAs that do work (token tiles of every expert x N blocks, x split_k);
     ``padding`` is the fraction of computed token rows that are padding (rows up to the tile
@@ -65,7 +67,7 @@ def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int
     rows = int(round(tok_e * e))
     top_k = 8 if (family == "indexed" and gemm == "gate_up") else 1
     prob = Problem(family, e, n, k, rows, top_k)
-    dec = explain(profile_for(family, e, n, k), prob)
+    dec = explain(profile_for(family, e, n, k), prob, policy)
     s = dec.schedule
     m_tiles = token_tiles(e, tok_e, s.block_m)
     tiles = tile_count(e, tok_e, s.block_m, n, s.block_n_cta, s.split_k)
@@ -82,6 +84,7 @@ def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int
     }
 
 
-def sweep_tok_e(deployment: str, family: str, gemm: str, tok_e_values, sms: int = SMS_H200) -> list[dict]:
+def sweep_tok_e(deployment: str, family: str, gemm: str, tok_e_values, sms: int = SMS_H200,
+                policy: str | None = None) -> list[dict]:
     """`decision_row` for each tokens-per-expert value."""
-    return [decision_row(deployment, family, gemm, t, sms) for t in tok_e_values]
+    return [decision_row(deployment, family, gemm, t, sms, policy) for t in tok_e_values]

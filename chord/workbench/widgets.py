@@ -6,10 +6,13 @@ from chord.workbench.explore import sweep_tok_e
 from chord.workbench.figures import decision_html, sweep_figure
 
 TOK_E_GRID = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+POLICIES = ("profile", "heuristic", "heuristic,-tok_e_block_m", "heuristic,-wave_aware_bn", "heuristic,-split_k_gate")
 
 
-def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str = "gate_up", tok_e: int = 64):
-    """A tok_e slider and deployment / family / GEMM pickers over the decision of `chord.schedule`.
+def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str = "gate_up", tok_e: int = 64,
+                   policy: str = "profile"):
+    """A tok_e slider and deployment / family / GEMM / selection-policy pickers over the decision
+    of `chord.schedule` (the policy picker switches the heuristic's rules off one at a time).
 
     Returns ``(box, state)``: ``box`` is the widget to display; ``state`` exposes the parts
     (``slider``, ``html``, ``figure``, ``row()``) so a notebook cell or a test can drive it.
@@ -20,20 +23,21 @@ def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str =
     dep = W.Dropdown(options=["ep8", "tp8"], value=deployment, description="deployment")
     fam = W.Dropdown(options=["indexed", "grouped_contiguous", "grouped_masked"], value=family, description="family")
     gem = W.Dropdown(options=["gate_up", "down"], value=gemm, description="GEMM")
+    pol = W.Dropdown(options=list(POLICIES), value=policy, description="policy")
     out = W.HTML()
-    fig = sweep_figure(sweep_tok_e(deployment, family, gemm, TOK_E_GRID), widget=True)
+    fig = sweep_figure(sweep_tok_e(deployment, family, gemm, TOK_E_GRID, policy=policy), widget=True)
 
     class State:
         pass
 
     state = State()
-    state.slider, state.html, state.figure = slider, out, fig
+    state.slider, state.html, state.figure, state.policy = slider, out, fig, pol
 
     def current():
-        return sweep_tok_e(dep.value, fam.value, gem.value, [slider.value])[0]
+        return sweep_tok_e(dep.value, fam.value, gem.value, [slider.value], policy=pol.value)[0]
 
     def redraw_sweep(_=None):
-        rows = sweep_tok_e(dep.value, fam.value, gem.value, TOK_E_GRID)
+        rows = sweep_tok_e(dep.value, fam.value, gem.value, TOK_E_GRID, policy=pol.value)
         fresh = sweep_figure(rows)
         with fig.batch_update():
             by_name = {t.name: t for t in fresh.data}
@@ -52,8 +56,8 @@ def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str =
 
     state.row = current
     slider.observe(refresh, names="value")
-    for w in (dep, fam, gem):
+    for w in (dep, fam, gem, pol):
         w.observe(redraw_sweep, names="value")
     refresh()
-    box = W.VBox([W.HBox([dep, fam, gem]), slider, out, fig])
+    box = W.VBox([W.HBox([dep, fam, gem, pol]), slider, out, fig])
     return box, state

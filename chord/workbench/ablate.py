@@ -1,0 +1,112 @@
+"""A notebook's measured ablation: suite GEMM points x variants of the schedule decision.
+
+A *variant* is a label and how to get a schedule for a point: a selection policy
+(``"profile"``, ``"heuristic"``, ``"heuristic,-wave_aware_bn"``: `chord.schedule.select` with
+that policy) or an optimization of `chord.optimizations` switched off on the profile's
+schedule. Every distinct schedule of a point is timed once by `chord.tune.time_schedules` (the
+inputs `chord tune` uses, do_bench median of a CUDA-graph replay, output compared with the
+first variant's). Live on an sm_90 GPU (and saved as ``notebooks/data/<name>.csv`` when
+$CHORD_NOTEBOOK_DATA_OUT is set), else the committed table of the same name.
+"""
+from __future__ import annotations
+
+from chord.workbench.data import live_or_recorded
+
+
+def policy(text: str):
+    """Variant: the schedule `select` gives under the policy `text`."""
+    from chord.schedule import select
+
+    return lambda prof, prob: select(prof, prob, text)
+
+
+def knob_off(name: str):
+    """Variant: the profile's schedule with the optimization `name` switched off (None when the
+    schedule does not use it: that point has no such variant)."""
+    from chord import optimizations
+    from chord.schedule import select
+
+    o = optimizations.BY_NAME[name]
+
+    def make(prof, prob):
+        s = select(prof, prob, "profile")
+        return o.switch_off(s) if o.is_on(s) else None
+
+    return make
+
+
+def _point(scenario: str, family: str, gemm: str):
+    from chord.bench.suite import load_suite
+    from chord.schedule import Problem, profile_for
+
+    sc = load_suite().scenario(scenario)
+    n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if gemm == "gate_up" else (sc.n_down, sc.k_down, 1)
+    prob = Problem(family, sc.experts, n, k, sc.rows, top_k if family == "indexed" else 1)
+    return sc, profile_for(family, sc.experts, n, k), prob
+
+
+def schedules(points, variants: dict) -> list[dict]:
+    """For each point (scenario, family, gemm) and variant label: the schedule id it gives (None:
+    the variant does not apply). Pure: no GPU."""
+    out = []
+    for scenario, family, gemm in points:
+        sc, prof, prob = _point(scenario, family, gemm)
+        for label, make in variants.items():
+            s = make(prof, prob)
+            out.append({"scenario": scenario, "family": family, "gemm": gemm, "rows_per_expert": sc.rows_per_expert,
+                        "variant": label, "schedule": s.id if s is not None else None})
+    return out
+
+
+def measure(points, variants: dict, rep_ms: float = 20.0) -> list[dict]:
+    """Times every distinct schedule of each point once (sm_90 GPU): a row per (point, variant)
+    with its µs, TFLOP/s and the output's agreement with the first variant's schedule."""
+    from chord import tune
+
+    rows = schedules(points, variants)
+    out = []
+    for scenario, family, gemm in points:
+        mine = [r for r in rows if (r["scenario"], r["family"], r["gemm"]) == (scenario, family, gemm)
+                and r["schedule"] is not None]
+        ids = list(dict.fromkeys(r["schedule"] for r in mine))
+        timed = {t["schedule"]: t for t in tune.time_schedules(scenario, family, gemm, ids, rep_ms=rep_ms)}
+        sc, _, prob = _point(scenario, family, gemm)
+        flops = 2.0 * sc.rows * prob.n * prob.k
+        for r in mine:
+            t = timed[r["schedule"]]
+            out.append({**r, "us": round(t["us"], 2), "TFLOP_per_s": round(flops / t["us"] / 1e6, 1),
+                        "same_bits_as_first": bool(t["same_bits"]), "rel_err_vs_first": float(t["rel_err"])})
+    return out
+
+
+def ablation(name: str, points, variants: dict, what: str, rep_ms: float = 20.0) -> tuple[list[dict], str]:
+    """(rows, where they come from): `measure` live, or the committed notebooks/data/<name>.csv."""
+    return live_or_recorded(name, lambda: measure(points, variants, rep_ms), what)
+
+
+def table(rows: list[dict], labels: list[str]) -> str:
+    """One line per point: µs of each variant (schedule ids below) and each variant over the first."""
+    keys = list(dict.fromkeys((r["scenario"], r["family"], r["gemm"]) for r in rows))
+    head = f"{'scenario':20s} {'family':18s} {'gemm':8s} " + " ".join(f"{lb[:22]:>22s}" for lb in labels)
+    lines = [head + "   " + " ".join(f"{lb[:12] + '/' + labels[0][:8]:>22s}" for lb in labels[1:])]
+    for key in keys:
+        by = {r["variant"]: r for r in rows if (r["scenario"], r["family"], r["gemm"]) == key}
+        us = [by.get(lb, {}).get("us") for lb in labels]
+        cells = " ".join(f"{u:22.1f}" if u else f"{'-':>22s}" for u in us)
+        rel = " ".join(f"{u / us[0]:22.2f}" if u and us[0] else f"{'-':>22s}" for u in us[1:])
+        lines.append(f"{key[0]:20s} {key[1]:18s} {key[2]:8s} {cells}   {rel}")
+        lines.append(" " * 48 + " ".join(f"{(by.get(lb, {}).get('schedule') or '-')[-22:]:>22s}" for lb in labels))
+    return "\n".join(lines)
+
+
+def figure_rows(rows: list[dict], labels: list[str]) -> list[dict]:
+    """The rows as `chord.workbench.figures.ablation_figure` wants them (``<label>_us`` columns)."""
+    keys = list(dict.fromkeys((r["scenario"], r["family"], r["gemm"]) for r in rows))
+    out = []
+    for key in keys:
+        by = {r["variant"]: r for r in rows if (r["scenario"], r["family"], r["gemm"]) == key}
+        row = {"scenario": key[0], "family": key[1], "gemm": key[2]}
+        for lb in labels:
+            row[f"{lb}_us"] = by.get(lb, {}).get("us")
+        out.append(row)
+    return out

@@ -1,0 +1,66 @@
+"""A notebook's own calls, Chord next to upstream humming-kernels 0.1.20.
+
+`compare(scenario, family)` runs the bench (`chord.bench.runner.run_gpu`) on just that scenario
+and family: Chord in this process, upstream Humming in a worker subprocess with its own install
+directory (both packages own the module name `humming`; the runner's baseline worker is the one
+the suite bench uses). The result is the bench's long-format table (``provider`` column), so the
+notebook shows it with the same pivot as `chord bench`. Without an sm_90 GPU it returns the
+rows of the committed H200 suite run; without an upstream install it says how to get one and
+the bench shows the committed baseline file, labelled as such.
+"""
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+
+from chord.workbench.data import gpu_available, recorded_results
+
+INSTALL_HINT = ("upstream Humming is not installed for the live comparison: "
+                "pip install --target ~/humming-0.1.20 humming-kernels==0.1.20 (or, offline, the wheel from "
+                "../shared/tools/gpu-wheels DIR: pip install --no-deps --target ~/humming-0.1.20 DIR/humming/*.whl), "
+                "then set CHORD_HUMMING_DIR=~/humming-0.1.20 or pass humming_dir=")
+
+
+def humming_dir(given: str | None = None) -> str | None:
+    """The upstream install to compare with: `given`, else $CHORD_HUMMING_DIR (None: not set)."""
+    d = given or os.environ.get("CHORD_HUMMING_DIR") or None
+    return os.path.expanduser(d) if d else None
+
+
+def compare(scenario: str, family: str, *, humming_dir_: str | None = None, quick: bool = True) -> tuple[dict, str]:
+    """(bench result ``{"meta", "rows"}`` of `scenario` x `family`, one line saying where it comes
+    from). Live with an sm_90 GPU, else the committed H200 run's rows of that cell."""
+    from chord.bench import runner
+    from chord.bench.inputs import scenario_for
+
+    scenario_for(None, scenario, family, who="compare")  # a bad id or family is named here, GPU or not
+    hd = humming_dir(humming_dir_)
+    if not gpu_available():
+        rec = recorded_results()
+        rows = [r for r in rec["rows"] if r.get("scenario") == scenario and r.get("family") == family]
+        meta = rec["meta"]
+        where = (f"recorded: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')} "
+                 f"(chord/bench/results/{meta['file']}); no sm_90 GPU here, so nothing ran live")
+        return {"meta": meta, "rows": rows}, where
+    opts = runner.BenchOptions(scenarios=scenario, families=family, humming_dir=hd, quick=quick,
+                               out_dir=tempfile.mkdtemp(prefix="chord-compare-"), humming_tuning_rows="matching")
+    log = io.StringIO()
+    result = runner.run_gpu(opts, out=log)
+    if hd:
+        where = f"live on {result['meta']['gpu']}: Chord and upstream Humming ({hd}) in the same run"
+    else:
+        where = f"live on {result['meta']['gpu']}: Chord only; {INSTALL_HINT}"
+    return result, where
+
+
+def show_comparison(scenario: str, family: str, *, humming_dir_: str | None = None, quick: bool = True):
+    """The comparison cell of a notebook: prints where the numbers come from and the bench's table
+    for that cell, and returns the pivoted row (gate_up + down µs of each provider, speed-up)."""
+    from chord.bench import report
+
+    result, where = compare(scenario, family, humming_dir_=humming_dir_, quick=quick)
+    print(where)
+    print(report.terminal_table(result))
+    cells = report.pivot(result)
+    return cells[0] if cells else None
