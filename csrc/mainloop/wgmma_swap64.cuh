@@ -314,8 +314,12 @@ struct WgmmaSwap64 {
           mbar_wait(&full[slot], (kb / STAGES) & 1);
           mma_block(smem, desc0, slot, warp, lane, a, acc);
           retire(kb, KB, drain);
-          // groups <= kb - WAIT have retired: their slots go back to the producer
+          // groups <= kb - WAIT have retired: their slots go back to the producer. Lane 0 arrives
+          // for the warp; __syncwarp first orders every lane's reads of the slot (the swap16 words
+          // and scales it dequantized) before that release, so the producer's copies into the slot
+          // cannot overtake them (racecheck reported lanes 1-31's reads against those copies).
           const int done = kb - WAIT;
+          __syncwarp();
           if (lane == 0 && done >= 0 && kb + 1 < KB) mbar_arrive(&empty[done % STAGES]);
         });
         wgmma_wait<0>();
