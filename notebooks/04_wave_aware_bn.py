@@ -15,11 +15,12 @@
 #
 # The N width of a tile trades the number of CTAs against work per CTA: BN = 256 halves the
 # tiles, which pays when they still fill whole waves of the 132 SMs and costs a half-empty last
-# wave otherwise. The *wave-aware BN* rule of DESIGN.md (BN = 256 only with enough N blocks for
-# whole waves) is not a selection rule in Chord yet (`chord.optimizations` marks it planned);
-# today `chord tune` measures both widths per suite point and the profile keeps the winner. This
-# notebook shows the prediction (waves, last-wave utilization, from tile counts) next to the
-# measurement (the committed `chord tune` run), per GEMM point.
+# wave otherwise. The *wave-aware BN* rule of DESIGN.md (BN = 256 only when its tiles fill whole
+# waves, at least one and the last >= 90 % full) is a rule of the heuristic selection policy
+# (`select(..., policy="heuristic")`; off: `"heuristic,-wave_aware_bn"`); the tuned profile keeps
+# whichever width `chord tune` measured faster. This notebook shows the prediction (waves,
+# last-wave utilization, from tile counts), the rule's measured ablation, and the fastest
+# measured schedule of each width per GEMM point (the committed `chord tune` run).
 
 # %% tags=["parameters"]
 QUICK = True
