@@ -204,8 +204,11 @@ def _nsys_summary_rows(path: Path, key: str, only_chord: bool) -> list[dict]:
         return []
     header = list(rows[0])
     name_col = next((h for h in header if h.strip().lower() in ("range", "name")), header[-1])
-    total_col = next(h for h in header if "total" in h.lower() and "ns" in h.lower())
-    calls_col = next(h for h in header if "instances" in h.lower() or h.strip().lower() in ("count", "calls"))
+    total_col = next((h for h in header if "total" in h.lower() and "ns" in h.lower()), None)
+    calls_col = next((h for h in header if "instances" in h.lower() or h.strip().lower() in ("count", "calls")), None)
+    if total_col is None or calls_col is None:
+        raise CaptureError(f"{path}: an nsys summary table needs a 'Total ... (ns)' and an 'Instances' column, "
+                           f"got {header}")
     out = []
     for r in rows:
         name = _range_name(r[name_col])

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from chord._env import flag
 from chord._resources import csrc_dir
+from chord.schedule import MAX_SMEM_PER_CTA
 
 if TYPE_CHECKING:  # pragma: no cover
     from chord.schedule import Schedule
@@ -337,7 +338,6 @@ def _progress(total: int, label: str) -> Callable[[BuildResult], None]:
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1  # static shared memory of a function
-_MAX_SMEM_OPTIN = 227 * 1024  # shared memory one CTA may use on sm_90 (static + dynamic)
 
 
 class _Driver:
@@ -422,9 +422,9 @@ class Kernel:
                 static = ctypes.c_int()
                 drv.check(drv.lib.cuFuncGetAttribute(ctypes.byref(static), _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn),
                           "cuFuncGetAttribute(static smem)")
-                if self.smem_bytes + static.value > _MAX_SMEM_OPTIN:
+                if self.smem_bytes + static.value > MAX_SMEM_PER_CTA:
                     raise JitError(f"{self.cubin.name}: {self.smem_bytes} B dynamic + {static.value} B static shared "
-                                   f"memory exceed the {_MAX_SMEM_OPTIN} B one CTA may use on sm_90")
+                                   f"memory exceed the {MAX_SMEM_PER_CTA} B one CTA may use on sm_90")
                 if self.smem_bytes + static.value > 48 * 1024:
                     drv.check(drv.lib.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                          self.smem_bytes), "cuFuncSetAttribute(max dynamic smem)")

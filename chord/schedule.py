@@ -621,8 +621,9 @@ def iter_schedules(profile_file: str = "h200") -> Iterable[Schedule]:
 
 #: the heuristic's rules, each a selection-policy entry of chord.optimizations
 POLICY_RULES = {
-    "tok_e_block_m": "block_m from rows per touched expert: the legal tile that pads them least (ties: the "
-                     "larger); off: 16 rows (mma) / 128 rows (wgmma) whatever the batch",
+    "tok_e_block_m": "block_m from rows per touched expert: the smallest legal tile that covers them (above the "
+                     "largest tile: the fewest tiles, then the least padding); off: 16 rows (mma) / 128 rows "
+                     "(wgmma) whatever the batch",
     "wave_aware_bn": "BN = 256 only when its tiles fill whole waves of the SMs (at least one wave, >= 90 % of "
                      "the last one used), else 128; off: BN = 128",
     "split_k_gate": "split-K only when the tile grid fills less than half the CTA slots and K is long (>= 32 "
@@ -696,15 +697,17 @@ def current_policy() -> Policy:
         raise ValueError(f"CHORD_POLICY={text!r}: {exc}") from None
 
 
-def touched_experts(num_experts: int, rows: int) -> float:
-    """Expected experts with at least one of `rows` uniformly routed rows."""
+def token_tiles(num_experts: int, rows: int, block_m: int) -> int:
+    """Token tiles of `rows` routed rows spread evenly over the experts they touch (all of them,
+    or one per row when there are fewer rows than experts: one TP8 token touches 8 of 384)."""
     if rows <= 0:
-        return 0.0
-    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** rows)
+        return 0
+    active = min(num_experts, rows)
+    return active * math.ceil(rows / active / block_m)
 
 
-def _waves(tiles: int, slots: int) -> tuple[int, float]:
-    """(waves, fraction of the last wave's slots used)."""
+def waves(tiles: int, slots: int) -> tuple[int, float]:
+    """(waves, fraction of the last wave's slots used) of `tiles` CTAs on `slots` CTA slots."""
     if tiles <= 0:
         return 0, 0.0
     w = -(-tiles // slots)
@@ -767,7 +770,7 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     else:
         bm = 128 if mainloop == "wgmma" else 16
         why.append(f"tok_e_block_m off: block_m {bm}")
-    m_tiles = max(1, round(et * math.ceil(max(rt, 1.0) / bm)))
+    m_tiles = max(1, token_tiles(p.num_experts, rows, bm))
 
     def tiles_of(s: Schedule) -> tuple[int, int]:
         return m_tiles * s.grid_n(p.n), sms * s.ctas_per_sm
@@ -780,7 +783,7 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     chosen = s128 or s256
     if policy.on("wave_aware_bn") and s256 is not None:
         t256, slots256 = tiles_of(s256)
-        w, last = _waves(t256, slots256)
+        w, last = waves(t256, slots256)
         if t256 >= slots256 and last >= 0.9 or s128 is None:
             chosen = s256
             why.append(f"wave_aware_bn: BN 256 ({t256} tiles = {w} waves of {slots256}, last {100 * last:.0f} % full)")

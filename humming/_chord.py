@@ -124,7 +124,7 @@ def policy_name() -> str:
     return current_policy().name
 
 
-def schedule_rows(family: str, num_experts: int, n: int, k: int, policy: str | None = None, top_k: int = 1):
+def schedule_rows(family: str, num_experts: int, n: int, k: int, top_k: int = 1, *, policy: str | None = None):
     """chord.schedule's table for this layer: [(min_rows (exclusive), max_rows, Schedule)]."""
     from chord.schedule import schedule_table
 

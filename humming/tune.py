@@ -18,6 +18,8 @@ import copy
 from functools import lru_cache
 from typing import Any
 
+from chord import checks
+
 from humming import _chord
 from humming.config import GemmType, LayerConfig
 from humming.errors import ChordUnsupportedError
@@ -59,8 +61,8 @@ def family_for(gemm_type: Any, layer_config: "LayerConfig | int") -> str:
 def check_compute_flags(use_f16_accum: Any = False, use_batch_invariant: Any = False) -> bool:
     """Refuses what Chord does not compute; returns whether batch-invariant mode is asked for."""
     for name, v in (("use_f16_accum", use_f16_accum), ("use_batch_invariant", use_batch_invariant)):
-        if not isinstance(v, (bool, int)) or isinstance(v, int) and not isinstance(v, bool) and v not in (0, 1):
-            raise TypeError(f"{name} must be a bool, got {v!r}")
+        if not (isinstance(v, bool) or checks.is_int(v) and v in (0, 1)):  # JSON configs may carry 0/1
+            checks.fail("get_heuristics_config", name, "be a bool (or 0/1)", repr(v), TypeError)
     if use_f16_accum:
         raise ChordUnsupportedError(
             "FP16 accumulation (VLLM_HUMMING_USE_F16_ACCUM=1 / use_f16_accum=True)",
@@ -95,7 +97,7 @@ def rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, batch_in
 
 @lru_cache(maxsize=1024)
 def _rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, policy: str):
-    table = _chord.schedule_rows(family, num_experts, shape_n, shape_k, policy)
+    table = _chord.schedule_rows(family, num_experts, shape_n, shape_k, policy=policy)
     rows = []
     for i, (lo, hi, schedule) in enumerate(table):
         # the first row also takes valid_shape_m == 0 (vLLM matches min < m <= max)

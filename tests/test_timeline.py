@@ -55,3 +55,12 @@ def test_nsys_csv_tables(tmp_path):
                     "100.0,60000,2,30000,30000,20000,40000,1,chord_w4a16_kernel\n")
     k = capture._nsys_summary_rows(ksum, "kernel", False)
     assert k == [{"kernel": "chord_w4a16_kernel", "calls": 2, "gpu_us_total": 60.0, "gpu_us_per_call": 30.0}]
+
+
+def test_nsys_summary_without_the_expected_columns_is_a_clear_error(tmp_path):
+    import pytest
+
+    bad = tmp_path / "stats_nvtx_sum.csv"
+    bad.write_text("Range,Style,Something\nchord/x,PushPop,1\n")
+    with pytest.raises(capture.CaptureError, match="Instances"):
+        capture._nsys_summary_rows(bad, "range", True)

@@ -175,3 +175,14 @@ def test_comparison_without_a_gpu_is_the_recorded_cell():
         compare.compare("no-such-scenario", "indexed")
     with pytest.raises(ValueError, match="runs families"):
         compare.compare("ep8-decode-tok4", "grouped_contiguous")
+
+
+def test_ablation_variants_refuse_bad_names_at_once():
+    from chord.workbench import ablate
+
+    with pytest.raises(ValueError, match="ablate.knob_off: name must be an implemented knob"):
+        ablate.knob_off("no such optimization")
+    with pytest.raises(ValueError, match="implemented knob"):
+        ablate.knob_off("wave-aware BN")  # a policy rule: switched off with ablate.policy("heuristic,-...")
+    with pytest.raises(ValueError, match="unknown rules"):
+        ablate.policy("heuristic,-nope")

@@ -14,10 +14,12 @@ from chord.workbench.data import live_or_recorded
 
 
 def policy(text: str):
-    """Variant: the schedule `select` gives under the policy `text`."""
-    from chord.schedule import select
+    """Variant: the schedule `select` gives under the policy `text` (checked here, not at the
+    first point)."""
+    from chord.schedule import parse_policy, select
 
-    return lambda prof, prob: select(prof, prob, text)
+    pol = parse_policy(text)
+    return lambda prof, prob: select(prof, prob, pol)
 
 
 def knob_off(name: str):
@@ -26,7 +28,11 @@ def knob_off(name: str):
     from chord import optimizations
     from chord.schedule import select
 
-    o = optimizations.BY_NAME[name]
+    o = optimizations.BY_NAME.get(name)
+    if o is None or o.kind != "knob" or o.status != optimizations.IMPLEMENTED:
+        knobs = sorted(x.name for x in optimizations.implemented_knobs())
+        raise ValueError(f"ablate.knob_off: name must be an implemented knob optimization of chord.optimizations "
+                         f"({', '.join(knobs)}), got {name!r}")
 
     def make(prof, prob):
         s = select(prof, prob, "profile")

@@ -14,35 +14,32 @@ import io
 import os
 import tempfile
 
-from chord.workbench.data import gpu_available, recorded_results
+from chord.workbench.data import gpu_available, recorded_results, where_results_come_from
 
 INSTALL_HINT = ("upstream Humming is not installed for the live comparison: "
                 "pip install --target ~/humming-0.1.20 humming-kernels==0.1.20 (or, offline, the wheel from "
                 "../shared/tools/gpu-wheels DIR: pip install --no-deps --target ~/humming-0.1.20 DIR/humming/*.whl), "
-                "then set CHORD_HUMMING_DIR=~/humming-0.1.20 or pass humming_dir=")
+                "then set CHORD_HUMMING_DIR=~/humming-0.1.20 or pass humming_dir=...")
 
 
-def humming_dir(given: str | None = None) -> str | None:
+def _install_dir(given: str | None = None) -> str | None:
     """The upstream install to compare with: `given`, else $CHORD_HUMMING_DIR (None: not set)."""
     d = given or os.environ.get("CHORD_HUMMING_DIR") or None
     return os.path.expanduser(d) if d else None
 
 
-def compare(scenario: str, family: str, *, humming_dir_: str | None = None, quick: bool = True) -> tuple[dict, str]:
+def compare(scenario: str, family: str, *, humming_dir: str | None = None, quick: bool = True) -> tuple[dict, str]:
     """(bench result ``{"meta", "rows"}`` of `scenario` x `family`, one line saying where it comes
     from). Live with an sm_90 GPU, else the committed H200 run's rows of that cell."""
     from chord.bench import runner
     from chord.bench.inputs import scenario_for
 
     scenario_for(None, scenario, family, who="compare")  # a bad id or family is named here, GPU or not
-    hd = humming_dir(humming_dir_)
+    hd = _install_dir(humming_dir)
     if not gpu_available():
         rec = recorded_results()
         rows = [r for r in rec["rows"] if r.get("scenario") == scenario and r.get("family") == family]
-        meta = rec["meta"]
-        where = (f"recorded: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')} "
-                 f"(chord/bench/results/{meta['file']}); no sm_90 GPU here, so nothing ran live")
-        return {"meta": meta, "rows": rows}, where
+        return {"meta": rec["meta"], "rows": rows}, where_results_come_from(rec)
     opts = runner.BenchOptions(scenarios=scenario, families=family, humming_dir=hd, quick=quick,
                                out_dir=tempfile.mkdtemp(prefix="chord-compare-"), humming_tuning_rows="matching")
     log = io.StringIO()
@@ -54,12 +51,12 @@ def compare(scenario: str, family: str, *, humming_dir_: str | None = None, quic
     return result, where
 
 
-def show_comparison(scenario: str, family: str, *, humming_dir_: str | None = None, quick: bool = True):
+def show_comparison(scenario: str, family: str, *, humming_dir: str | None = None, quick: bool = True):
     """The comparison cell of a notebook: prints where the numbers come from and the bench's table
     for that cell, and returns the pivoted row (gate_up + down µs of each provider, speed-up)."""
     from chord.bench import report
 
-    result, where = compare(scenario, family, humming_dir_=humming_dir_, quick=quick)
+    result, where = compare(scenario, family, humming_dir=humming_dir, quick=quick)
     print(where)
     print(report.terminal_table(result))
     cells = report.pivot(result)

@@ -5,11 +5,10 @@ K2 shapes of the suite; nothing is measured.
 """
 from __future__ import annotations
 
-import math
 
-from chord.schedule import Problem, explain, profile_for
-
-SMS_H200 = 132
+from chord.schedule import SMS_H200, Problem, explain, profile_for
+from chord.schedule import token_tiles as _token_tiles_for_rows
+from chord.schedule import waves as _waves
 
 KIMI = {
     # deployment: (experts, hidden K, gate_up N, down K), per GPU
@@ -32,12 +31,8 @@ def gemm_shape(deployment: str, gemm: str) -> tuple[int, int, int]:
 
 def token_tiles(experts: int, tok_e: float, block_m: int) -> int:
     """Token tiles when `tok_e * experts` routed rows spread evenly over the experts they touch
-    (at most one expert per row: a TP8 token touches 8 of 384)."""
-    rows = int(round(tok_e * experts))
-    if rows == 0:
-        return 0
-    active = min(experts, rows)
-    return active * math.ceil(rows / active / block_m)
+    (chord.schedule.token_tiles, which the heuristic policy counts with)."""
+    return _token_tiles_for_rows(experts, int(round(tok_e * experts)), block_m)
 
 
 def tile_count(experts: int, tok_e: float, block_m: int, n: int, block_n: int, split_k: int = 1) -> int:
@@ -47,11 +42,7 @@ def tile_count(experts: int, tok_e: float, block_m: int, n: int, block_n: int, s
 
 def waves(tiles: int, sms: int = SMS_H200, ctas_per_sm: int = 1) -> tuple[int, float]:
     """(waves, utilization of the last wave) of `tiles` CTAs on `sms` x `ctas_per_sm` slots."""
-    if tiles <= 0:
-        return 0, 0.0
-    slots = sms * ctas_per_sm
-    w = math.ceil(tiles / slots)
-    return w, (tiles - (w - 1) * slots) / slots
+    return _waves(tiles, sms * ctas_per_sm)
 
 
 def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int = SMS_H200,
