@@ -6,6 +6,10 @@ A boolean switch (``CHORD_PTXAS_CHECK``, ``CHORD_DUMP_SASS``, ``CHORD_PRINT_SCHE
 case, surrounding spaces ignored); any other value raises a ``ValueError`` naming the variable,
 so a typo never silently switches a feature on or off. ``CHORD_CHECK_ROUTING`` alone is on when
 unset (routing values are checked unless switched off).
+
+``CHORD_TILE_GROUP`` (1, 2, 4 or 8; default 8) caps the tile group G that ``chord.formats`` packs
+the weight layout with, for the layout's ablation only; the weights carry their G (qweight's
+dimension 3) and ``chord.ops`` launches the kernel built for it.
 """
 from __future__ import annotations
 
@@ -32,3 +36,20 @@ def flag(name: str, default: bool = False) -> bool:
     """Whether the boolean switch `name` is on in the current environment (`default` when unset)."""
     value = os.environ.get(name)
     return default if value is None else parse_flag(name, value)
+
+
+_TILE_GROUPS = (1, 2, 4, 8)
+
+
+def tile_group_max() -> int:
+    """The cap of the weight layout's tile group, ``CHORD_TILE_GROUP`` (default 8)."""
+    value = os.environ.get("CHORD_TILE_GROUP")
+    if value is None or value.strip() == "":
+        return 8
+    try:
+        g = int(value)
+    except ValueError:
+        g = 0
+    if g not in _TILE_GROUPS:
+        raise ValueError(f"environment variable CHORD_TILE_GROUP={value!r}: expected one of 1, 2, 4, 8")
+    return g

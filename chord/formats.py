@@ -35,13 +35,18 @@ compressed-tensors convention (checked against compressed-tensors 0.20.1 from Py
   (every group's extreme maps to +-7); pass ``divisor=7.5`` to mimic the library's scale.
   The two quantizers may still differ in rare ties because the library divides in bf16.
 
-The ``swap16`` layout (docs/architecture.md, "The kernel weight layout"):
+The ``swap16g`` layout (docs/architecture.md, "The kernel weight layout"). The 16-row tiles
+``nt`` of an expert are stored in groups of ``G = tile_group(N)`` consecutive tiles (the largest
+power of two <= 8 that divides N/16); tile ``nt = ng*G + j`` is tile ``j`` of group ``ng``:
 
-* ``qweight`` int32 ``[E, N/16, K/64, 32, 4]``: word ``[e, nt, kb, l, s]`` with lane
+* ``qweight`` int32 ``[E, N/16/G, K/64, G, 32, 4]``: word ``[e, ng, kb, j, l, s]`` with lane
   ``l = 4*g + t`` holds in nibble ``p = kk*4 + kh*2 + rh`` (least significant first) the code
   ``q + 8`` of ``W[e, nt*16 + rh*8 + g, kb*64 + s*16 + kh*8 + 2*t + kk]``.
-* ``scales`` bf16 ``[E, N/16, K/64, 8, 2, 2]``: ``[e, nt, kb, g, gi, rh]`` = scale of row
+* ``scales`` bf16 ``[E, N/16/G, K/64, G, 8, 2, 2]``: ``[e, ng, kb, j, g, gi, rh]`` = scale of row
   ``nt*16 + rh*8 + g`` and group ``kb*2 + gi``.
+
+So K block ``kb`` of a whole group is one contiguous run (``G * 512`` bytes of words, ``G * 64``
+of scales): a kernel's pipeline stage reads runs of up to 4 KB, not 512-byte pieces 56 KB apart.
 
 All packers and unpackers are vectorised torch ops (reshape / permute / shift / view) that
 run on the device of their input. Words are assembled byte-wise (two nibbles per uint8, four
@@ -61,6 +66,7 @@ from typing import Any
 import torch
 
 from chord import checks
+from chord._env import tile_group_max
 
 __all__ = [
     "GROUP_SIZE",
@@ -75,6 +81,8 @@ __all__ = [
     "pack_experts",
     "unpack_experts",
     "pack_experts_from_compressed_tensors",
+    "tile_group",
+    "packed_shapes",
 ]
 
 GROUP_SIZE = 32
@@ -455,10 +463,11 @@ def stack_compressed_tensors_experts(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedExperts:
-    """INT4 group-32 expert weights in the kernel layout ``swap16`` (docs/architecture.md).
+    """INT4 group-32 expert weights in the kernel layout ``swap16g`` (docs/architecture.md).
 
-    ``qweight`` int32 ``[E, N/16, K/64, 32, 4]``, ``scales`` bf16 ``[E, N/16, K/64, 8, 2, 2]``,
-    both contiguous and on one device. Exactly 0.5625 bytes per weight.
+    ``qweight`` int32 ``[E, N/16/G, K/64, G, 32, 4]``, ``scales`` bf16
+    ``[E, N/16/G, K/64, G, 8, 2, 2]`` with ``G = tile_group(N)``, both contiguous and on one
+    device. Exactly 0.5625 bytes per weight.
     """
 
     qweight: torch.Tensor
@@ -467,13 +476,14 @@ class PackedExperts:
     n: int
     k: int
     group_size: int = GROUP_SIZE
-    layout: str = "swap16"
+    layout: str = "swap16g"
 
     def __post_init__(self) -> None:
         fn = "PackedExperts"
         _require_group_size(fn, self.group_size)
-        if self.layout != "swap16":
-            raise ValueError(f"{checks.where(fn, 'layout')} must be 'swap16', got {self.layout!r}")
+        if self.layout != "swap16g":
+            raise ValueError(f"{checks.where(fn, 'layout')} must be 'swap16g' (the tile-grouped layout of this "
+                             f"chord version; repack older 'swap16' weights with pack_experts), got {self.layout!r}")
         checks.tensor(fn, "qweight", self.qweight, dtype=(torch.int32,))
         checks.tensor(fn, "scales", self.scales, dtype=(torch.bfloat16,))
         e, n, k = self.num_experts, self.n, self.k
@@ -481,8 +491,7 @@ class PackedExperts:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{checks.where(fn, name)} must be a positive int, got {v!r}")
         _check_swap16_nk(fn, "n", n, "k", k)
-        want_q = (e, n // 16, k // 64, 32, 4)
-        want_s = (e, n // 16, k // 64, 8, 2, 2)
+        want_q, want_s = packed_shapes(e, n, k)
         if tuple(self.qweight.shape) != want_q:
             raise ValueError(f"{checks.where(fn, 'qweight')} must have shape {want_q}, got {tuple(self.qweight.shape)}")
         if tuple(self.scales.shape) != want_s:
@@ -506,6 +515,32 @@ class PackedExperts:
         return dataclasses.replace(self, qweight=self.qweight.to(device), scales=self.scales.to(device))
 
 
+def tile_group(n: int) -> int:
+    """G of the ``swap16g`` layout for N output features: the largest power of two <= 8 that
+    divides N/16 (csrc/common/params.cuh, ``Swap16Layout``, computes the same). The cap 8 is
+    ``CHORD_TILE_GROUP``, lowered only for the layout's ablation."""
+    nt = n // _SWAP16_N
+    return min(tile_group_max(), nt & -nt)
+
+
+def packed_shapes(num_experts: int, n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of ``qweight`` (int32) and ``scales`` (bf16) of ``PackedExperts`` with these sizes."""
+    g = tile_group(n)
+    return (num_experts, n // 16 // g, k // 64, g, 32, 4), (num_experts, n // 16 // g, k // 64, g, 8, 2, 2)
+
+
+def _grouped(t: torch.Tensor, g: int) -> torch.Tensor:
+    """[E, NT, KB, ...] (tile-major) -> [E, NT/G, KB, G, ...] (the swap16g order)."""
+    e, nt, kb = t.shape[:3]
+    return t.reshape(e, nt // g, g, kb, *t.shape[3:]).transpose(2, 3).contiguous()
+
+
+def _ungrouped(t: torch.Tensor) -> torch.Tensor:
+    """[E, NT/G, KB, G, ...] -> [E, NT, KB, ...] (tile-major)."""
+    e, ng, kb, g = t.shape[:4]
+    return t.transpose(2, 3).reshape(e, ng * g, kb, *t.shape[4:])
+
+
 def _check_swap16_nk(fn: str, n_name: str, n: int, k_name: str, k: int) -> None:
     if n % _SWAP16_N != 0:
         checks.fail(fn, n_name, f"have N (output features) divisible by {_SWAP16_N} (the swap16 layout)", f"N={n}")
@@ -514,13 +549,14 @@ def _check_swap16_nk(fn: str, n_name: str, n: int, k_name: str, k: int) -> None:
 
 
 def _swap16_scales(scales: torch.Tensor) -> torch.Tensor:
-    """bf16 [E, N, K/32] -> [E, N/16, K/64, 8(g), 2(gi), 2(rh)]."""
+    """bf16 [E, N, K/32] -> [E, N/16/G, K/64, G, 8(g), 2(gi), 2(rh)]."""
     e, n, g = scales.shape
     s = scales.reshape(e, n // 16, 2, 8, g // 2, 2)  # e, nt, rh, g, kb, gi
-    return s.permute(0, 1, 4, 3, 5, 2).contiguous()
+    return _grouped(s.permute(0, 1, 4, 3, 5, 2), tile_group(n))
 
 
 def _swap16_scales_inverse(s: torch.Tensor) -> torch.Tensor:
+    s = _ungrouped(s)
     e, nt, kb = s.shape[:3]
     return s.permute(0, 1, 5, 3, 2, 4).reshape(e, nt * 16, kb * 2).contiguous()
 
@@ -528,7 +564,7 @@ def _swap16_scales_inverse(s: torch.Tensor) -> torch.Tensor:
 def pack_experts(
     q: torch.Tensor | QuantizedExperts, scales: torch.Tensor | None = None
 ) -> PackedExperts:
-    """Plain INT4 codes + bf16 scales -> ``PackedExperts`` in the ``swap16`` kernel layout.
+    """Plain INT4 codes + bf16 scales -> ``PackedExperts`` in the ``swap16g`` kernel layout.
 
     ``q`` int8 ``[E, N, K]`` (or ``[N, K]`` for one expert) with codes in [-8, 7] and ``scales``
     bf16 ``[E, N, K/32]``, or a ``QuantizedExperts`` alone. Needs N % 16 == 0 and K % 64 == 0.
@@ -553,8 +589,8 @@ def pack_experts(
     _check_q_range(fn, "q", q)
     _check_scales_finite(fn, "scales", scales)
 
-    nt, kb = n // 16, k // 64
-    qweight = torch.empty((e, nt, kb, 32, 4), dtype=torch.int32, device=q.device)
+    nt, kb, g = n // 16, k // 64, tile_group(n)
+    qweight = torch.empty((e, nt // g, kb, g, 32, 4), dtype=torch.int32, device=q.device)
     for e0, e1 in _expert_chunks(e, n * k):
         u = (q[e0:e1] + 8).view(torch.uint8)
         # n = nt*16 + rh*8 + g ; k = kb*64 + s*16 + kh*8 + t*2 + kk
@@ -562,7 +598,7 @@ def pack_experts(
         u = u.permute(0, 1, 4, 3, 7, 5, 8, 6, 2)  # e nt kb g t s kk kh rh
         b = u[..., 0] | (u[..., 1] << 4)  # byte (kk, kh): nibble pair rh=0 low, rh=1 high
         b = b.reshape(e1 - e0, nt, kb, 32, 4, 4)  # ... lane, s, byte = kk*2 + kh
-        qweight[e0:e1] = _bytes_as_words(b)
+        qweight[e0:e1] = _grouped(_bytes_as_words(b), g)
     return PackedExperts(qweight, _swap16_scales(scales), e, n, k)
 
 
@@ -573,7 +609,7 @@ def unpack_experts(p: PackedExperts) -> QuantizedExperts:
         raise TypeError(f"{checks.where(fn, 'p')} must be a PackedExperts, got {type(p).__name__}")
     e, n, k = p.num_experts, p.n, p.k
     nt, kb = n // 16, k // 64
-    b = _words_as_bytes(p.qweight)  # e nt kb lane s byte
+    b = _words_as_bytes(_ungrouped(p.qweight))  # e nt kb lane s byte
     b = b.reshape(e, nt, kb, 8, 4, 4, 2, 2)  # e nt kb g t s kk kh
     u = torch.stack((b & 0xF, b >> 4), dim=-1)  # ... rh
     u = u.permute(0, 1, 8, 3, 2, 5, 7, 4, 6)  # e nt rh g kb s kh t kk
@@ -584,7 +620,7 @@ def unpack_experts(p: PackedExperts) -> QuantizedExperts:
 def pack_experts_from_compressed_tensors(
     weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_shape: Any
 ) -> PackedExperts:
-    """compressed-tensors pack-quantized tensors straight to ``PackedExperts`` (``swap16``).
+    """compressed-tensors pack-quantized tensors straight to ``PackedExperts`` (``swap16g``).
 
     Same inputs as ``from_compressed_tensors``. Bytes are re-paired directly (two checkpoint
     bytes of rows ``n`` and ``n + 8`` give two kernel bytes), per chunk of experts, so no int8
@@ -597,8 +633,8 @@ def pack_experts_from_compressed_tensors(
     e = packed.shape[0]
     if e == 0:
         raise ValueError(f"{checks.where(fn, 'weight_packed')} must hold at least one expert")
-    nt, kb = n // 16, k // 64
-    qweight = torch.empty((e, nt, kb, 32, 4), dtype=torch.int32, device=packed.device)
+    nt, kb, g = n // 16, k // 64, tile_group(n)
+    qweight = torch.empty((e, nt // g, kb, g, 32, 4), dtype=torch.int32, device=packed.device)
     for e0, e1 in _expert_chunks(e, n * k):
         # checkpoint byte j of row n holds k = 2j (low nibble) and 2j + 1 (high nibble), so
         # one byte covers (t, kk=0..1) of k = kb*64 + s*16 + kh*8 + t*2 + kk.
@@ -612,5 +648,5 @@ def pack_experts_from_compressed_tensors(
             dim=-1,
         )  # e nt g kb s kh t kk
         out = out.permute(0, 1, 3, 2, 6, 4, 7, 5)  # e nt kb g t s kk kh
-        qweight[e0:e1] = _bytes_as_words(out.reshape(e1 - e0, nt, kb, 32, 4, 4))
+        qweight[e0:e1] = _grouped(_bytes_as_words(out.reshape(e1 - e0, nt, kb, 32, 4, 4)), g)
     return PackedExperts(qweight, _swap16_scales(scale.contiguous()), e, n, k)

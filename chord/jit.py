@@ -186,6 +186,21 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise JitError(f"nvcc failed for {name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
+        bad = _odd_descriptors(tmp_cubin)
+        if bad:
+            # A known ptxas 13.0 miscompile (docs/reliability.md): a 64-bit memory descriptor (the
+            # L2 cache-policy operand of a cp.async) placed in an odd, never-written uniform
+            # register; the kernel stops with "illegal instruction". Rebuilt without L2 hints.
+            cmd = [nvcc, "-cubin", "-o", str(tmp_cubin), *flags[:-1], NO_L2_HINT_FLAG, flags[-1], str(src)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            log = (f"chord: the SASS named {', '.join(bad)} as a 64-bit memory descriptor (odd uniform register: "
+                   f"a ptxas miscompile that traps); rebuilt with {NO_L2_HINT_FLAG}\n" + proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                raise JitError(f"nvcc failed for {name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
+            still = _odd_descriptors(tmp_cubin)
+            if still:
+                raise JitError(f"{name}: the SASS names {', '.join(still)} as a 64-bit memory descriptor even without "
+                               f"L2 cache hints; this kernel would trap (illegal instruction)\n{log}")
         regs, spills = _parse_ptxas(log)
         if flag("CHORD_PTXAS_CHECK"):
             if spills:
@@ -268,6 +283,28 @@ def _parse_ptxas(log: str) -> tuple[int | None, int]:
     return (int(regs[-1]) if regs else None, sum(int(s) for s in spills))
 
 
+NO_L2_HINT_FLAG = "-DCHORD_NO_L2_HINT"  # csrc/common/ptx.cuh: cp.async without L2 cache-policy operands
+_DESC_RE = re.compile(r"desc\[UR(\d+)\]")
+
+
+def _cuobjdump() -> str | None:
+    tool = shutil.which("cuobjdump") or str(Path(nvcc_path()).parent / "cuobjdump")
+    return tool if Path(tool).exists() or shutil.which(tool) else None
+
+
+def _odd_descriptors(cubin: Path) -> list[str]:
+    """Uniform registers with an odd number that the SASS uses as a 64-bit memory descriptor
+    (``desc[UR1]``): a 64-bit operand needs an aligned register pair, so such an instruction
+    reads garbage and traps. Empty when cuobjdump is not there (the check is skipped)."""
+    tool = _cuobjdump()
+    if tool is None:
+        return []
+    out = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True)
+    if out.returncode != 0:
+        return []
+    return sorted({f"UR{n}" for n in _DESC_RE.findall(out.stdout) if int(n) % 2}, key=lambda r: int(r[2:]))
+
+
 def dump_sass(cubin: Path) -> Path:
     """Write `cuobjdump --dump-sass` of a cubin next to it and return the path."""
     tool = shutil.which("cuobjdump") or str(Path(nvcc_path()).parent / "cuobjdump")
@@ -279,8 +316,14 @@ def dump_sass(cubin: Path) -> Path:
     return path
 
 
-def build_schedule(schedule: "Schedule") -> BuildResult:
-    return build(render(schedule), name=schedule.id)
+def build_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> BuildResult:
+    """The schedule's kernel; `tile_group_cap` < 8 builds it for weights packed with that cap of the
+    layout's tile group (the layout's ablation, CHORD_TILE_GROUP; chord.ops picks it from the
+    weights' shape)."""
+    if tile_group_cap not in (1, 2, 4, 8):
+        raise ValueError(f"build_schedule: tile_group_cap must be 1, 2, 4 or 8, got {tile_group_cap!r}")
+    flags = () if tile_group_cap == 8 else (f"-DCHORD_TILE_GROUP_LOG={tile_group_cap.bit_length() - 1}",)
+    return build(render(schedule), name=schedule.id, extra_flags=flags)
 
 
 def precompile(schedules: Iterable["Schedule"], progress: bool = True, jobs: int | None = None) -> list[BuildResult]:
@@ -477,8 +520,8 @@ def _kernel_for(cubin: str, kernel_name: str, smem_bytes: int) -> Kernel:
 
 
 @lru_cache(maxsize=None)
-def kernel_for_schedule(schedule: "Schedule") -> Kernel:
-    res = build_schedule(schedule)
+def kernel_for_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> Kernel:
+    res = build_schedule(schedule, tile_group_cap)
     return _kernel_for(str(res.cubin), KERNEL_NAME, schedule.smem_bytes)
 
 

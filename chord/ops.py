@@ -56,7 +56,8 @@ _OVERLAP_MSG = "{fn}: out must not overlap x (the kernels read x while they writ
 # Host time per call (issue 6): a launch validates each argument's metadata (dtype, rank, shape,
 # strides, device) the first time it sees that combination with those scalars and schedule, and
 # afterwards only what depends on the pointers (out overlapping x). The memo is keyed by the
-# metadata itself, so a call whose arguments differ in any checked property is validated again.
+# metadata itself (16-byte alignment of each pointer included), so a call whose arguments differ
+# in any checked property is validated again.
 _VALIDATED: dict = {}
 _VALIDATED_MAX = 4096
 
@@ -67,7 +68,7 @@ def _memo_validate(tag: str, scalars: tuple, tensors: tuple, validate):
     key = None
     if all(type(t) is torch.Tensor for t in tensors):
         key = (tag, tuple((type(v), v) for v in scalars),
-               tuple((t.dtype, t.device, t.shape, t.stride()) for t in tensors))
+               tuple((t.dtype, t.get_device(), t.shape, t.stride(), t.data_ptr() & 15) for t in tensors))
         hit = _VALIDATED.get(key)
         if hit is not None:
             return hit
@@ -83,15 +84,16 @@ def _check_weights(fn: str, x: torch.Tensor, qweight: torch.Tensor, scales: torc
                    ) -> tuple[int, int, int]:
     _tensor(fn, "x", x, torch.bfloat16, (2, 3))
     dev = x.device
-    _tensor(fn, "qweight", qweight, torch.int32, 5, dev)
-    _tensor(fn, "scales", scales, torch.bfloat16, 6, dev)
+    _tensor(fn, "qweight", qweight, torch.int32, 6, dev)
+    _tensor(fn, "scales", scales, torch.bfloat16, 7, dev)
     _tensor(fn, "out", out, torch.bfloat16, (2, 3), dev)
-    e, nt, kb, lanes, words = qweight.shape
-    if lanes != 32 or words != 4:
-        raise ValueError(f"{fn}: qweight must have the swap16 layout [E, N/16, K/64, 32, 4], got {tuple(qweight.shape)}")
-    if tuple(scales.shape) != (e, nt, kb, 8, 2, 2):
-        raise ValueError(f"{fn}: scales must have shape {(e, nt, kb, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
-    n, k = nt * 16, kb * 64
+    e, ng, kb, g, lanes, words = qweight.shape
+    n, k = ng * g * 16, kb * 64
+    if lanes != 32 or words != 4 or g not in (1, 2, 4, 8):
+        raise ValueError(f"{fn}: qweight must have the swap16g layout [E, N/16/G, K/64, G, 32, 4] with "
+                         f"G = chord.formats.tile_group(N) in 1, 2, 4, 8, got {tuple(qweight.shape)}")
+    if tuple(scales.shape) != (e, ng, kb, g, 8, 2, 2):
+        raise ValueError(f"{fn}: scales must have shape {(e, ng, kb, g, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
     if _overlaps(out, x):
         raise ValueError(_OVERLAP_MSG.format(fn=fn))
     if x.shape[-1] != k:
@@ -244,9 +246,18 @@ def _raw_stream(dev: int) -> int:
     return torch.cuda.current_stream(dev).cuda_stream
 
 
+def _tile_group_cap(qweight: torch.Tensor, n: int) -> int:
+    """The kernel variant for these weights' tile group G (qweight dim 3): the default kernels
+    (cap 8) serve every G that N alone implies; weights packed with a lower cap (the layout's
+    ablation, CHORD_TILE_GROUP) get kernels built for that cap."""
+    g = qweight.shape[3]
+    nt = n // 16
+    return 8 if g == 8 or g == (nt & -nt) else g
+
+
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,
-            schedule_id: str) -> None:
-    kernel = jit.kernel_for_schedule(sched)
+            schedule_id: str, qweight: torch.Tensor, n: int) -> None:
+    kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stream = _raw_stream(dev)
     if profiling.nvtx_enabled():
@@ -305,7 +316,7 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
         num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks, **_split_args(s, x, num_blocks, s.grid_n(n)))
-    _launch(s, (num_blocks, s.grid_n(n), s.split_k), x, params, "gemm_indexed", schedule)
+    _launch(s, (num_blocks, s.grid_n(n), s.split_k), x, params, "gemm_indexed", schedule, qweight, n)
 
 
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
@@ -354,7 +365,7 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, che
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
                                   num_experts=e, rows=rows, **_split_args(s, x, grid_x, s.grid_n(n)))
-    _launch(s, (grid_x, s.grid_n(n), s.split_k), x, params, "gemm_contiguous", schedule)
+    _launch(s, (grid_x, s.grid_n(n), s.split_k), x, params, "gemm_contiguous", schedule, qweight, n)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
@@ -406,7 +417,7 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, chec
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
                                   num_experts=e, max_rows=max_rows, **_split_args(s, x, e * tiles, s.grid_n(n)))
-    _launch(s, (e * tiles, s.grid_n(n), s.split_k), x, params, "gemm_masked", schedule)
+    _launch(s, (e * tiles, s.grid_n(n), s.split_k), x, params, "gemm_masked", schedule, qweight, n)
 
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))

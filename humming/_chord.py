@@ -51,7 +51,7 @@ def pack_words(q):
 
 
 def pack_codes(q, scales):
-    """int8 codes [E, N, K] + bf16 scales [E, N, K/32] -> (qweight, scales) in the swap16 layout."""
+    """int8 codes [E, N, K] + bf16 scales [E, N, K/32] -> (qweight, scales) in the swap16g layout."""
     from chord.formats import pack_experts
 
     p = pack_experts(q, scales)
@@ -59,15 +59,15 @@ def pack_codes(q, scales):
 
 
 def packed_experts(qweight, scales):
-    """Wrap raw swap16 tensors as a chord.formats.PackedExperts."""
+    """Wrap raw swap16g tensors as a chord.formats.PackedExperts."""
     from chord.formats import PackedExperts
 
-    e, nt, kb = (int(d) for d in qweight.shape[:3])
-    return PackedExperts(qweight, scales, e, nt * 16, kb * 64)
+    e, ng, kb, g = (int(d) for d in qweight.shape[:4])
+    return PackedExperts(qweight, scales, e, ng * g * 16, kb * 64)
 
 
 def quantized_experts(qweight, scales):
-    """chord.formats.QuantizedExperts (int8 codes + bf16 group-32 scales) of raw swap16 tensors."""
+    """chord.formats.QuantizedExperts (int8 codes + bf16 group-32 scales) of raw swap16g tensors."""
     from chord.formats import unpack_experts
 
     return unpack_experts(packed_experts(qweight, scales))

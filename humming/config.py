@@ -156,7 +156,7 @@ class LayerConfig:
 
     sm_version: int | None = 90
     # Chord's kernel weight layout (docs/architecture.md) and the checkpoint's own group size
-    layout: str = "swap16"
+    layout: str = "swap16g"
     checkpoint_group_size: int = 32
 
     def __post_init__(self) -> None:
@@ -194,10 +194,10 @@ class LayerConfig:
             raise ChordUnsupportedError(f"A secondary weight scale ({self.weight_scale_2_type.value})")
         if self.bs_dtype not in (None, dtypes.bfloat16):
             raise ChordUnsupportedError(f"Kernel scale dtype {self.bs_dtype}")
-        if self.layout != "swap16":
+        if self.layout != "swap16g":
             raise ChordUnsupportedError(f"Kernel weight layout {self.layout!r}")
         if self.shape_n % 16 or self.shape_k % 64 or self.shape_n <= 0 or self.shape_k <= 0:
-            raise ValueError(f"LayerConfig: the swap16 layout needs shape_n % 16 == 0 and shape_k % 64 == 0 "
+            raise ValueError(f"LayerConfig: the swap16g layout needs shape_n % 16 == 0 and shape_k % 64 == 0 "
                              f"(padded sizes), got shape_n={self.shape_n}, shape_k={self.shape_k}")
         if not (0 <= self.pad_shape_n < self.shape_n and 0 <= self.pad_shape_k < self.shape_k):
             raise ValueError(f"LayerConfig: padding must be smaller than the padded size, got pad_shape_n="

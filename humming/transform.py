@@ -1,4 +1,4 @@
-"""Load-time repack: native Humming uint4 tensors -> Chord's ``swap16`` kernel layout.
+"""Load-time repack: native Humming uint4 tensors -> Chord's ``swap16g`` kernel layout.
 
 :func:`prepare_and_transform_humming_tensors` is called once per layer (w13 and w2 of each MoE
 layer) by vLLM after the checkpoint tensors were converted to the native Humming schema. It
@@ -10,7 +10,8 @@ layer) by vLLM after the checkpoint tensors were converted to the native Humming
 * expands the scales to Chord's group of 32 (a group that is a multiple of 32 repeats its
   scale; a per-channel scale repeats along K: both exact), rounds fp16/fp32 scales to bf16;
 * repacks with chord.formats on the weights' device and returns the ``LayerConfig`` plus
-  ``{"weight": qweight int32 [E, N/16, K/64, 32, 4], "weight_scale": bf16 [E, N/16, K/64, 8, 2, 2]}``
+  ``{"weight": qweight int32 [E, N/16/G, K/64, G, 32, 4], "weight_scale": bf16 [E, N/16/G, K/64, G, 8, 2, 2]}``
+  (``G = chord.formats.tile_group(N)``)
   (a dense layer is packed as one expert).
 """
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _bf16_scales(scale: torch.Tensor) -> torch.Tensor:
 
 def transform_humming_tensors(config: LayerConfig, tensors: dict[str, torch.Tensor],
                               device: Any = None, **_: Any) -> dict[str, torch.Tensor]:
-    """Native uint4 tensors of one layer -> Chord's swap16 tensors for `config`."""
+    """Native uint4 tensors of one layer -> Chord's swap16g tensors for `config`."""
     for name in ("zero_point", "weight_scale_2", "bias", "input_scale", "input_scale_2"):
         if name in tensors and tensors[name] is not None:
             raise ChordUnsupportedError(f"A layer with a {name!r} tensor")

@@ -48,8 +48,8 @@ def test_bools_refuse_ints_and_others(v):
 # ---- every layer speaks the same form -------------------------------------------------------
 
 def _weights():
-    return (torch.zeros(E, N // 16, K // 64, 32, 4, dtype=torch.int32),
-            torch.ones(E, N // 16, K // 64, 8, 2, 2, dtype=torch.bfloat16))
+    return (torch.zeros(formats.packed_shapes(E, N, K)[0], dtype=torch.int32),
+            torch.ones(formats.packed_shapes(E, N, K)[1], dtype=torch.bfloat16))
 
 
 def _misaligned(t: torch.Tensor) -> torch.Tensor:
@@ -142,8 +142,8 @@ def test_ops_refuse_with_function_and_argument(case):
 
 def test_out_aliasing_x_names_the_op():
     x = torch.randn(10, N).bfloat16()  # K == N here so out can alias x
-    qw = torch.zeros(E, N // 16, N // 64, 32, 4, dtype=torch.int32)
-    sc = torch.ones(E, N // 16, N // 64, 8, 2, 2, dtype=torch.bfloat16)
+    qw = torch.zeros(formats.packed_shapes(E, N, N)[0], dtype=torch.int32)
+    sc = torch.ones(formats.packed_shapes(E, N, N)[1], dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^gemm_contiguous: out must not overlap x"):
         ops.gemm_contiguous_raw(x, qw, sc, torch.tensor([0, 3, 3, 10]), x, Schedule("grouped_contiguous", 16, 128, 4, 4,
                                                                                      1).id, check_routing=False)
@@ -176,3 +176,16 @@ def test_no_layer_keeps_its_own_helper_set():
         for old in ("def _fn_arg(", "def _arg(", "def _require_tensor(", "def _require_dtype(", "def _check_tensor("):
             assert old not in src, (mod.__name__, old)
         assert "from chord import checks" in src or "import checks" in src, mod.__name__
+
+
+def test_a_misaligned_call_after_an_aligned_one_is_still_refused():
+    """The per-signature validation memo (chord.ops) keys on each pointer's 16-byte alignment too:
+    the same shapes first aligned, then one element off, are refused the second time."""
+    qw, sc = _weights()
+    x = torch.randn(4, K).bfloat16()
+    off = torch.tensor([0, 2, 4, 4], dtype=torch.int64)
+    s = Schedule("grouped_contiguous", 16, 128, 4, 4, 1).id
+    with pytest.raises(ValueError, match="CUDA tensor"):  # validated, then refused on CPU only
+        ops.gemm_contiguous_raw(x, qw, sc, off, torch.empty(4, N).bfloat16(), s, check_routing=False)
+    with pytest.raises(ValueError, match="^gemm_contiguous: x must start at a 16-byte aligned address"):
+        ops.gemm_contiguous_raw(_misaligned(x), qw, sc, off, torch.empty(4, N).bfloat16(), s, check_routing=False)

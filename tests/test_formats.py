@@ -19,13 +19,14 @@ def rand_scales(*shape):
 
 
 # ----------------------------------------------------------------------------------------
-# independent decoders of the swap16 layout (plain Python loops, written from the spec)
+# independent decoders of the swap16g layout (plain Python loops, written from the spec)
 # ----------------------------------------------------------------------------------------
 
 
 def decode_swap16_spec(p):
     """Rebuild q / scales from qweight / scales with the formula of docs/architecture.md."""
     E, N, K = p.num_experts, p.n, p.k
+    G = F.tile_group(N)
     words = p.qweight.tolist()
     sc = p.scales.float().tolist()
     q = [[[None] * K for _ in range(N)] for _ in range(E)]
@@ -36,7 +37,7 @@ def decode_swap16_spec(p):
                 for lane in range(32):
                     g, t = lane // 4, lane % 4
                     for st in range(4):
-                        word = words[e][nt][kb][lane][st] & 0xFFFFFFFF
+                        word = words[e][nt // G][kb][nt % G][lane][st] & 0xFFFFFFFF
                         for pos in range(8):
                             kk, kh, rh = pos // 4, (pos // 2) % 2, pos % 2
                             n = nt * 16 + rh * 8 + g
@@ -46,7 +47,7 @@ def decode_swap16_spec(p):
                 for g in range(8):
                     for gi in range(2):
                         for rh in range(2):
-                            s[e][nt * 16 + rh * 8 + g][kb * 2 + gi] = sc[e][nt][kb][g][gi][rh]
+                            s[e][nt * 16 + rh * 8 + g][kb * 2 + gi] = sc[e][nt // G][kb][nt % G][g][gi][rh]
     return q, s
 
 
@@ -63,7 +64,8 @@ def decode_swap16_ptx_fragment(p, e, nt, kb, st):
     tile = [[None] * 16 for _ in range(16)]
     for lane in range(32):
         group_id, tid = lane // 4, lane % 4
-        word = int(p.qweight[e, nt, kb, lane, st]) & 0xFFFFFFFF
+        G = F.tile_group(p.n)
+        word = int(p.qweight[e, nt // G, kb, nt % G, lane, st]) & 0xFFFFFFFF
         for j in range(4):
             reg = ((word >> (4 * j)) & 0x000F000F) | 0x43004300
             for half in range(2):
@@ -86,9 +88,11 @@ SHAPES = [(1, 16, 64), (3, 48, 192), (2, 80, 320), (5, 32, 128), (1, 256, 1024)]
 def test_pack_unpack_roundtrip_bit_exact(shape):
     q, s = rand_q(*shape), rand_scales(shape[0], shape[1], shape[2] // 32)
     p = F.pack_experts(q, s)
-    assert p.qweight.shape == (shape[0], shape[1] // 16, shape[2] // 64, 32, 4)
-    assert p.scales.shape == (shape[0], shape[1] // 16, shape[2] // 64, 8, 2, 2)
-    assert (p.num_experts, p.n, p.k, p.group_size, p.layout) == (*shape, 32, "swap16")
+    g = F.tile_group(shape[1])
+    assert g == {16: 1, 48: 1, 80: 1, 32: 2, 256: 8}[shape[1]]
+    assert p.qweight.shape == (shape[0], shape[1] // 16 // g, shape[2] // 64, g, 32, 4)
+    assert p.scales.shape == (shape[0], shape[1] // 16 // g, shape[2] // 64, g, 8, 2, 2)
+    assert (p.num_experts, p.n, p.k, p.group_size, p.layout) == (*shape, 32, "swap16g")
     assert p.nbytes == q.numel() * 9 // 16  # 0.5625 B / weight exactly
     u = F.unpack_experts(p)
     assert torch.equal(u.q, q) and torch.equal(u.scales, s)

@@ -8,6 +8,8 @@ import random
 import pytest
 import torch
 
+from chord import formats as F
+
 from chord import ops
 from chord.schedule import Schedule
 
@@ -16,8 +18,8 @@ CASES = 600
 
 
 def _weights():
-    return (torch.zeros(E, N // 16, K // 64, 32, 4, dtype=torch.int32),
-            torch.ones(E, N // 16, K // 64, 8, 2, 2, dtype=torch.bfloat16))
+    return (torch.zeros(F.packed_shapes(E, N, K)[0], dtype=torch.int32),
+            torch.ones(F.packed_shapes(E, N, K)[1], dtype=torch.bfloat16))
 
 
 def _indexed():

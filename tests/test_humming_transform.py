@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from chord import formats as F
+from chord.formats import packed_shapes
 from humming import _chord
 from humming.schema import HummingInputSchema, HummingWeightSchema
 from humming.transform import prepare_and_transform_humming_tensors
@@ -41,7 +42,8 @@ def test_repack_is_exact_on_the_unpadded_part(e, n, k, group, pad_n, pad_k):
     kn, kk = cfg.shape_n, cfg.shape_k
     assert kn % 16 == 0 and kk % 64 == 0 and kn % pad_n == 0 and kk % pad_k == 0
     assert (cfg.shape_n - cfg.pad_shape_n, cfg.shape_k - cfg.pad_shape_k) == (n, k)
-    assert out["weight"].shape == (e, kn // 16, kk // 64, 32, 4) and out["weight_scale"].dtype == BF16
+    assert out["weight"].shape == packed_shapes(e, kn, kk)[0] and out["weight_scale"].dtype == BF16
+    assert out["weight_scale"].shape == packed_shapes(e, kn, kk)[1]
     qe = _chord.quantized_experts(out["weight"], out["weight_scale"])
     assert torch.equal(qe.q[:, :n, :k], q)
     assert not qe.q[:, n:].any() and not qe.q[:, :, k:].any()  # padding weights are zero

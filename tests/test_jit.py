@@ -134,3 +134,27 @@ def test_concurrent_builders_of_one_kernel_all_get_an_intact_cubin(tmp_path, mon
     assert len({r.cubin for r in results}) == 1
     assert jit._intact(results[0].cubin)
     assert not list((tmp_path / "cubin").glob(".*")), "staged files left behind"
+
+
+@needs_nvcc
+def test_odd_descriptor_miscompile_is_rebuilt_without_l2_hints(tmp_path, monkeypatch):
+    """ptxas 13.0 puts the L2 cache-policy operand of one cp.async of this instantiation (mma,
+    block_m 56, BN 256, 2 stages, 4 warps) in the odd, never-written uniform register UR1
+    (``desc[UR1]``), which traps on the H200 ("illegal instruction"). The build finds it in the
+    SASS and rebuilds with CHORD_NO_L2_HINT; the published kernel has no odd descriptor."""
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(tmp_path))
+    s = Schedule("indexed", 56, 256, 4, 2, 1)
+    src = jit.render(s)
+    res = jit.build(src, name=s.id)
+    assert jit.NO_L2_HINT_FLAG in res.log and "UR1" in res.log, res.log[:400]
+    assert jit._odd_descriptors(res.cubin) == []
+    # the same tile with 3 stages compiles correctly with its hints: nothing is rebuilt
+    ok = jit.build(jit.render(Schedule("indexed", 56, 256, 4, 3, 1)), name="m56-s3")
+    assert jit.NO_L2_HINT_FLAG not in ok.log
+    # a fresh build that finds the kernel in the cache returns the same log (the note is kept)
+    assert jit.NO_L2_HINT_FLAG in jit.build(src, name=s.id).log
+
+
+def test_build_schedule_refuses_a_bad_tile_group_cap():
+    with pytest.raises(ValueError, match="tile_group_cap must be 1, 2, 4 or 8, got 3"):
+        jit.build_schedule(Schedule("indexed", 8, 128, 4, 4, 1), 3)

@@ -2,6 +2,8 @@
 argument before any launch, and the fake (meta) implementations trace under FakeTensorMode."""
 import pytest
 import torch
+
+from chord import formats as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import chord.ops  # noqa: F401  (registers torch.ops.chord.*)
@@ -12,8 +14,8 @@ E, N, K = 3, 256, 512
 
 
 def weights(e=E, n=N, k=K):
-    return (torch.zeros(e, n // 16, k // 64, 32, 4, dtype=torch.int32),
-            torch.ones(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16))
+    return (torch.zeros(F.packed_shapes(e, n, k)[0], dtype=torch.int32),
+            torch.ones(F.packed_shapes(e, n, k)[1], dtype=torch.bfloat16))
 
 
 def indexed_args(**over):
@@ -38,10 +40,12 @@ def call_indexed(a):
     (dict(x=torch.randn(5, K)), TypeError, "x must have dtype bfloat16"),
     (dict(x=torch.randn(5, 256).bfloat16()), ValueError, "x must have K=512"),
     (dict(x=torch.randn(K, 5).bfloat16().t()), ValueError, "x must be contiguous"),
-    (dict(qweight=torch.zeros(3, 16, 8, 32, 2, dtype=torch.int32)), ValueError, "qweight must have the swap16"),
-    (dict(qweight=torch.zeros(3, 16, 8, 32, 4, dtype=torch.int64)), TypeError, "qweight must have dtype int32"),
-    (dict(scales=torch.ones(3, 16, 8, 8, 2, 2, dtype=torch.float16)), TypeError, "scales must have dtype bfloat16"),
-    (dict(scales=torch.ones(3, 16, 4, 8, 2, 2, dtype=torch.bfloat16)), ValueError, "scales must have shape"),
+    (dict(qweight=torch.zeros(3, 2, 8, 8, 32, 2, dtype=torch.int32)), ValueError, "qweight must have the swap16g"),
+    (dict(qweight=torch.zeros(3, 4, 8, 4, 32, 4, dtype=torch.int32)), ValueError, "qweight must have the swap16g"),
+    (dict(qweight=torch.zeros(3, 16, 8, 32, 4, dtype=torch.int32)), ValueError, "qweight must be 6-D"),
+    (dict(qweight=torch.zeros(3, 2, 8, 8, 32, 4, dtype=torch.int64)), TypeError, "qweight must have dtype int32"),
+    (dict(scales=torch.ones(3, 2, 8, 8, 8, 2, 2, dtype=torch.float16)), TypeError, "scales must have dtype bfloat16"),
+    (dict(scales=torch.ones(3, 2, 4, 8, 8, 2, 2, dtype=torch.bfloat16)), ValueError, "scales must have shape"),
     (dict(out=torch.empty(10, 128, dtype=torch.bfloat16)), ValueError, "out must have N=256"),
     (dict(out=torch.empty(4, N, dtype=torch.bfloat16)), ValueError, "out must have at least"),
     (dict(sorted_ids=torch.zeros(64, dtype=torch.int64)), TypeError, "sorted_ids must have dtype int32"),
@@ -240,3 +244,30 @@ def test_validation_memo_keeps_every_check():
              "block_m", "schedule")
     with pytest.raises(ValueError, match="top_k must be a positive int"):  # True == 1, but not for the memo
         chord.ops.gemm_indexed_raw(*[dict(a, top_k=True)[k] for k in names])
+
+
+def test_weights_carry_their_tile_group(monkeypatch):
+    """Weights packed with a lower tile-group cap (CHORD_TILE_GROUP, the layout's ablation) are valid
+    and get the kernel built for their G; a G that is not a power of two <= 8 is refused."""
+    from chord import formats
+
+    q = torch.zeros(2, 256, 128, dtype=torch.int8)
+    s = torch.ones(2, 256, 4, dtype=torch.bfloat16)
+    assert formats.pack_experts(q, s).qweight.shape[3] == 8
+    for cap in ("1", "2", "4"):
+        monkeypatch.setenv("CHORD_TILE_GROUP", cap)
+        p = formats.pack_experts(q, s)
+        assert p.qweight.shape == (2, 16 // int(cap), 2, int(cap), 32, 4)
+        assert ops._tile_group_cap(p.qweight, 256) == int(cap)
+        assert torch.equal(formats.unpack_experts(p).q, q)
+    monkeypatch.delenv("CHORD_TILE_GROUP")
+    # N = 48: three tiles, G = 1 by N alone: the default kernels serve it
+    p48 = formats.pack_experts(torch.zeros(1, 48, 64, dtype=torch.int8), torch.ones(1, 48, 2, dtype=torch.bfloat16))
+    assert p48.qweight.shape[3] == 1 and ops._tile_group_cap(p48.qweight, 48) == 8
+    monkeypatch.setenv("CHORD_TILE_GROUP", "3")
+    with pytest.raises(ValueError, match="CHORD_TILE_GROUP='3'"):
+        formats.pack_experts(q, s)
+    monkeypatch.delenv("CHORD_TILE_GROUP")
+    with pytest.raises(ValueError, match="qweight must have the swap16g layout"):
+        call_indexed(indexed_args(qweight=torch.zeros(3, 16, 8, 1, 32, 4, dtype=torch.int32)[:, :5].repeat(1, 1, 1, 3, 1, 1)
+                                  .contiguous()))

@@ -48,10 +48,17 @@ __device__ __forceinline__ void cp_async_16_if(uint32_t dst, const void* gmem, b
       : "memory");
 }
 
+// CHORD_NO_L2_HINT (chord.jit sets it when ptxas miscompiled the hint's 64-bit policy operand
+// into an odd uniform register, which traps): the same copy without the hint.
 __device__ __forceinline__ void cp_async_16_stream_u32(uint32_t dst, const void* gmem, uint64_t policy) {
+#ifdef CHORD_NO_L2_HINT
+  (void)policy;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+#else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                "l"(policy)
                : "memory");
+#endif
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {

@@ -4,8 +4,8 @@
 // dequantized weight registers as two n8 B operands; same copies, same weight layout.
 //
 // K is walked in 64-wide blocks through a STAGES-deep cp.async pipeline: weights (swap16
-// words) and scales are copied verbatim into shared memory, the activation rows are gathered
-// with an XOR swizzle so ldmatrix is conflict-free. Each warp owns NTW 16-row weight tiles and
+// words, found through Swap16Layout) and scales are copied verbatim into shared memory, the
+// activation rows are gathered with an XOR swizzle so ldmatrix is conflict-free. Each warp owns NTW 16-row weight tiles and
 // all BT/8 token tiles; it dequantizes one 16x16 weight tile per k16 step in registers.
 #pragma once
 
@@ -56,15 +56,11 @@ struct MmaSwap16 {
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int K = static_cast<int>(p.k);
-    const int KB_ALL = K / kKBlock;
     const int KB = kb_end - kb_begin;
-    const int NT = static_cast<int>(p.n) / 16;
     const uint64_t evict_first = make_evict_first_policy();
 
-    const uint4* wbase = p.qweight + (static_cast<int64_t>(expert) * NT + n_block * kNTiles) * KB_ALL * 32;
-    const uint2* sbase = p.scales + (static_cast<int64_t>(expert) * NT + n_block * kNTiles) * KB_ALL * 8;
-
-    // Per-thread copy assignments, computed once: each K block only adds kb to the sources.
+    // Per-thread copy assignments, computed once per tile: each K block only adds kb times the
+    // layout's stride to the sources (common/params.cuh, Swap16Layout).
     constexpr int T = kThreads;
     constexpr int kWChunks = kNTiles * 32;  // 16-byte weight chunks per stage
     constexpr int kSChunks = kNTiles * 4;   // 16-byte scale chunks per stage
@@ -72,23 +68,31 @@ struct MmaSwap16 {
     constexpr int kWIters = (kWChunks + T - 1) / T;
     constexpr int kSIters = (kSChunks + T - 1) / T;
     constexpr int kXIters = (kXChunks + T - 1) / T;
+    const Swap16Layout<kNTiles> lay(p, expert);
+    const int wstep = lay.group() * 32;  // uint4 from one K block of a tile to the next
+    const int sstep = lay.group() * 64;  // bytes
     const uint32_t smem_base = smem_u32(smem);
     const uint4* wsrc[kWIters];
     const uint8_t* ssrc[kSIters];
     const __nv_bfloat16* xsrc[kXIters];
     uint32_t xdst[kXIters];
     bool xvalid[kXIters];
+    // Points the weight and scale sources at K block kb_begin of tile `tile` (relative to the
+    // first; the activation rows are the same for every tile).
+    auto aim = [&](int tile) {
+      const int t0 = (n_block + tile) * kNTiles;
 #pragma unroll
-    for (int it = 0; it < kWIters; ++it) {
-      const int c = tid + it * T;
-      wsrc[it] = wbase + (static_cast<int64_t>(c / 32) * KB_ALL + kb_begin) * 32 + (c % 32);
-    }
+      for (int it = 0; it < kWIters; ++it) {
+        const int c = tid + it * T;
+        wsrc[it] = p.qweight + lay.block(t0 + c / 32, kb_begin) * 32 + (c % 32);
+      }
 #pragma unroll
-    for (int it = 0; it < kSIters; ++it) {
-      const int c = tid + it * T;
-      ssrc[it] = reinterpret_cast<const uint8_t*>(sbase + (static_cast<int64_t>(c / 4) * KB_ALL + kb_begin) * 8) +
-                 (c % 4) * 16;
-    }
+      for (int it = 0; it < kSIters; ++it) {
+        const int c = tid + it * T;
+        ssrc[it] = reinterpret_cast<const uint8_t*>(p.scales + lay.block(t0 + c / 4, kb_begin) * 8) + (c % 4) * 16;
+      }
+    };
+    aim(0);
 #pragma unroll
     for (int it = 0; it < kXIters; ++it) {
       const int c = tid + it * T;
@@ -99,24 +103,20 @@ struct MmaSwap16 {
       xdst[it] = kWBytes + kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
     }
 
-    // Copies K block kb of tile `tile` (relative to the first) into ring slot s. Consecutive N
-    // blocks of an expert are consecutive in the swap16 layout: tile t's words and scales lie
-    // t * kNTiles 16-row tiles further; its activation rows are the same.
-    auto load_stage = [&](int s, int tile, int kb) {
+    // Copies K block kb of the aimed tile into ring slot s.
+    auto load_stage = [&](int s, int kb) {
       const uint32_t st = smem_base + s * kStageBytes;
-      const int64_t wt = static_cast<int64_t>(tile) * (kNTiles * KB_ALL * 32);
-      const int64_t stl = static_cast<int64_t>(tile) * (kNTiles * KB_ALL * 64);
 #pragma unroll
       for (int it = 0; it < kWIters; ++it) {
         const int c = tid + it * T;
         if (kWChunks % T == 0 || c < kWChunks)
-          cp_async_16_stream_u32(st + c * 16, wsrc[it] + (NTILES > 1 ? wt : 0) + kb * 32, evict_first);
+          cp_async_16_stream_u32(st + c * 16, wsrc[it] + kb * wstep, evict_first);
       }
 #pragma unroll
       for (int it = 0; it < kSIters; ++it) {
         const int c = tid + it * T;
         if (kSChunks % T == 0 || c < kSChunks)
-          cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + (NTILES > 1 ? stl : 0) + kb * 64, evict_first);
+          cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + kb * sstep, evict_first);
       }
 #pragma unroll
       for (int it = 0; it < kXIters; ++it) {
@@ -128,10 +128,19 @@ struct MmaSwap16 {
     int l_tile = 0, l_kb = 0;
     const int TOTAL = KB * NTILES;
     auto load_next = [&](int slot) {
-      load_stage(slot, l_tile, l_kb);
+      load_stage(slot, l_kb);
       if (++l_kb == KB) {
         l_kb = 0;
-        ++l_tile;
+        if constexpr (NTILES > 1) {
+          if constexpr (Swap16Layout<kNTiles>::kFixed) {
+#pragma unroll
+            for (int it = 0; it < kWIters; ++it) wsrc[it] += lay.next_n_block(0) * 32;  // the sources stay at the tile's first K block
+#pragma unroll
+            for (int it = 0; it < kSIters; ++it) ssrc[it] += lay.next_n_block(0) * 64;
+          } else if (++l_tile < NTILES) {
+            aim(l_tile);
+          }
+        }
       }
     };
 

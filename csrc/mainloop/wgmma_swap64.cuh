@@ -26,9 +26,9 @@
 // barrier per K block publishes a stage. PRODUCER = 1 (warp-specialized): an extra warpgroup
 // issues all copies, with its registers handed to the consumers (setmaxnreg 88 / the rest); it
 // publishes a stage on the stage's `full` mbarrier once its cp.async group has landed
-// (wait_group + proxy fence + arrive), and the consumer warps hand the slot back on its `empty`
-// mbarrier when the wgmma group that read it has retired. Consumers never wait for each
-// other, only for data. The MMAs and their order are the same in both (bit-identical outputs).
+// (wait_group + proxy fence + arrive), and the consumer threads hand the slot back on its
+// `empty` mbarrier (each one arrives) when the wgmma group that read it has retired. Consumers
+// never wait for each other, only for data. The MMAs and their order are the same in both (bit-identical outputs).
 #pragma once
 
 #include <cstdint>
@@ -87,10 +87,10 @@ struct WgmmaSwap64 {
   // over `nthreads` threads of which this is thread `t`.
   template <int NTHREADS>
   __device__ __forceinline__ static void load_stage(const GemmParams& p, const int64_t* __restrict__ in_row,
-                                                    const __nv_bfloat16* xbase, const uint4* wbase,
-                                                    const uint8_t* sbase, int KB_ALL, int t, uint32_t st, int kb) {
+                                                    const __nv_bfloat16* xbase, const Swap16Layout<kNTiles>& lay,
+                                                    int t0, int kb0, int t, uint32_t st, int kb) {
     constexpr int kXChunks = BT * 8, kWChunks = kNTiles * 32, kSChunks = kNTiles * 4;
-    const int K = KB_ALL * kKBlock;
+    const int K = lay.kb_all * kKBlock;
 #pragma unroll
     for (int it = 0; it < (kXChunks + NTHREADS - 1) / NTHREADS; ++it) {
       const int c = t + it * NTHREADS;
@@ -105,15 +105,15 @@ struct WgmmaSwap64 {
     for (int it = 0; it < (kWChunks + NTHREADS - 1) / NTHREADS; ++it) {
       const int c = t + it * NTHREADS;
       if (kWChunks % NTHREADS == 0 || c < kWChunks)
-        cp_async_16_u32(st + kXBytes + c * 16, wbase + (static_cast<int64_t>(c / 32) * KB_ALL + kb) * 32 + c % 32,
-                        true);
+        cp_async_16_u32(st + kXBytes + c * 16, p.qweight + lay.block(t0 + c / 32, kb0 + kb) * 32 + c % 32, true);
     }
 #pragma unroll
     for (int it = 0; it < (kSChunks + NTHREADS - 1) / NTHREADS; ++it) {
       const int c = t + it * NTHREADS;
       if (kSChunks % NTHREADS == 0 || c < kSChunks)
         cp_async_16_u32(st + kXBytes + kWBytes + c * 16,
-                        sbase + (static_cast<int64_t>(c / 4) * KB_ALL + kb) * 64 + (c % 4) * 16, true);
+                        reinterpret_cast<const uint8_t*>(p.scales + lay.block(t0 + c / 4, kb0 + kb) * 8) + (c % 4) * 16,
+                        true);
     }
   }
 
@@ -175,16 +175,12 @@ struct WgmmaSwap64 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
-    const int KB_ALL = static_cast<int>(p.k) / kKBlock;
     const int KB = kb_end - kb_begin;
-    const int NT = static_cast<int>(p.n) / 16;
     const uint32_t smem_base = smem_u32(smem);
-    const int64_t tile0 = static_cast<int64_t>(expert) * NT + n_block * kNTiles;
-    const uint4* wbase = p.qweight + tile0 * KB_ALL * 32 + static_cast<int64_t>(kb_begin) * 32;
-    const uint8_t* sbase = reinterpret_cast<const uint8_t*>(p.scales + tile0 * KB_ALL * 8) + kb_begin * 64;
+    const Swap16Layout<kNTiles> lay(p, expert);
     const __nv_bfloat16* xbase = p.x + static_cast<int64_t>(kb_begin) * kKBlock;
     auto load = [&](auto nthreads, int t, int slot, int kb) {
-      load_stage<decltype(nthreads)::value>(p, in_row, xbase, wbase, sbase, KB_ALL, t,
+      load_stage<decltype(nthreads)::value>(p, in_row, xbase, lay, n_block * kNTiles, kb_begin, t,
                                             smem_base + slot * kStageBytes, kb);
     };
     auto zero = [&]() {
@@ -219,9 +215,21 @@ struct WgmmaSwap64 {
         xsrc[it] = xbase + (row >= 0 ? row * p.k + (c % 8) * 8 : 0);
         xskip[it] = row >= 0 ? 0u : 1u;
       }
-      const uint4* wsrc = wbase + static_cast<int64_t>(tid / 32) * KB_ALL * 32 + tid % 32;
       const bool has_scale = tid < kNTiles * 4;
-      const uint8_t* ssrc = sbase + (has_scale ? static_cast<int64_t>(tid / 4) * KB_ALL * 64 + (tid % 4) * 16 : 0);
+      const int wstep = lay.group() * 32;  // uint4 from one K block of a tile to the next
+      const int sstep = lay.group() * 64;  // bytes
+      const uint4* wsrc;
+      const uint8_t* ssrc;
+      // Points the weight and scale sources at K block kb_begin of tile `tile` (relative to the
+      // CTA's first; common/params.cuh, Swap16Layout).
+      auto aim = [&](int tile) {
+        const int t0 = (n_block + tile) * kNTiles;
+        wsrc = p.qweight + lay.block(t0 + tid / 32, kb_begin) * 32 + tid % 32;
+        ssrc = reinterpret_cast<const uint8_t*>(p.scales + lay.block(t0 + (has_scale ? tid / 4 : 0), kb_begin) * 8) +
+               (has_scale ? (tid % 4) * 16 : 0);
+      };
+      aim(0);
+      int load_tile = 0;
       int load_slot = 0;
       int load_kb = 0;  // K block of the next load within its tile
       // Copies the next K block (they come in order, tile-major) into the next ring slot. After
@@ -237,16 +245,20 @@ struct WgmmaSwap64 {
         }
         cp_async_16_u32(st + kXBytes + tid * 16, wsrc, true);
         cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
-        wsrc += 32;
-        ssrc += 64;
+        wsrc += wstep;
+        ssrc += sstep;
         load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
         if constexpr (NTILES > 1) {
           if (++load_kb == KB) {
             load_kb = 0;
 #pragma unroll
             for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
-            wsrc += static_cast<int64_t>(kNTiles * KB_ALL - KB) * 32;
-            ssrc += static_cast<int64_t>(kNTiles * KB_ALL - KB) * 64;
+            if constexpr (Swap16Layout<kNTiles>::kFixed) {
+              wsrc += lay.next_n_block(KB) * 32;
+              ssrc += lay.next_n_block(KB) * 64;
+            } else if (++load_tile < NTILES) {
+              aim(load_tile);
+            }
           }
         }
       };
@@ -282,7 +294,7 @@ struct WgmmaSwap64 {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
           mbar_init(&full[s], 128);         // the producer warpgroup's threads
-          mbar_init(&empty[s], kMmaWarps);  // one arrival per consumer warp
+          mbar_init(&empty[s], kMmaWarps * 32);  // every consumer thread arrives
         }
         mbar_fence_init();
       }
@@ -314,13 +326,14 @@ struct WgmmaSwap64 {
           mbar_wait(&full[slot], (kb / STAGES) & 1);
           mma_block(smem, desc0, slot, warp, lane, a, acc);
           retire(kb, KB, drain);
-          // groups <= kb - WAIT have retired: their slots go back to the producer. Lane 0 arrives
-          // for the warp; __syncwarp first orders every lane's reads of the slot (the swap16 words
-          // and scales it dequantized) before that release, so the producer's copies into the slot
-          // cannot overtake them (racecheck reported lanes 1-31's reads against those copies).
+          // groups <= kb - WAIT have retired: their slots go back to the producer. Every thread
+          // arrives (release) after its own reads of the slot (the swap16 words and scales it
+          // dequantized), so each read is ordered before the producer's copies into the slot by
+          // the barrier itself. (One lane arriving for the warp after a __syncwarp is also ordered
+          // by the memory model's cumulativity, but racecheck does not follow that chain and
+          // reported lanes 1-31's reads against the copies: 22 hazards on the H200.)
           const int done = kb - WAIT;
-          __syncwarp();
-          if (lane == 0 && done >= 0 && kb + 1 < KB) mbar_arrive(&empty[done % STAGES]);
+          if (done >= 0 && kb + 1 < KB) mbar_arrive(&empty[done % STAGES]);
         });
         wgmma_wait<0>();
         wgmma_fence_operand(acc[0]);
