@@ -126,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="time eager calls instead of a CUDA-graph replay (host time then counts)")
     p.add_argument("--also-eager", action="store_true", help="also record eager w13+w2 time (metric time_us_eager)")
+    p.add_argument("--host-time", action="store_true",
+                   help="also record the host time of one humming_forward call (metrics host_us_gate_up / host_us_down: "
+                        "the median as p50, the 90th percentile as p90)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests drive the flow on the CPU
     p.add_argument("--allow-version-mismatch", action="store_true",
                    help=f"run even if the upstream package is not {UPSTREAM_VERSION} (rows say which version)")
@@ -500,6 +503,12 @@ def run(args: argparse.Namespace) -> dict:
                         out["rows"].append(_row(sc, fam, "time_us_eager", te.p20, te.p50, te.p80, "us", base,
                                                 timing=te.method))
                         msg += f"  eager {te.p50:.1f}"
+                    if args.host_time:
+                        for name, fn in (("host_us_gate_up", gate_up), ("host_us_down", down)):
+                            h = timing.host_time(fn)
+                            out["rows"].append(_row(sc, fam, name, None, h.median_us, None, "us", base,
+                                                    p90=h.p90_us, calls=h.calls))
+                            msg += f"  {name} {h.median_us:.1f}"
                     if "failed" in t.method:
                         msg += f"  [{t.method}]"
                     _log(msg + f"  block_m {info.get('block_m')}  (first call {first_s:.1f}s)")

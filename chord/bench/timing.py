@@ -144,3 +144,37 @@ def bench_events(fn: Callable[[], object], *, warmup_ms: float = WARMUP_MS, rep_
     torch.cuda.synchronize()
     times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
     return Timing(_quantile(times, 0.2), statistics.median(times), _quantile(times, 0.8), "cuda events (do_bench protocol)")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTime:
+    """Host time of one call (CPU side, warm caches), in microseconds."""
+
+    median_us: float
+    p90_us: float
+    calls: int
+
+
+def host_time(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 50) -> HostTime:
+    """time.perf_counter around each of `calls` calls of `fn`, one at a time: the launches are
+    asynchronous, so this is the host's share of a call (argument handling, schedule lookup and
+    the driver's launch). The GPU is kept ahead of the host with a sleep kernel every 200 calls,
+    so no call waits for a full launch queue; `fn` must not synchronize with the GPU."""
+    import time
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(calls):
+        if i % 200 == 0:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time ahead of the host
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    ts.sort()
+    return HostTime(statistics.median(ts), ts[int(0.9 * len(ts))], calls)
