@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from chord.schedule import MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, select
+from chord.schedule import MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, profile_for, select
 
 BLOCK_MS = (8, 16, 32, 64)
 BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
@@ -303,6 +303,67 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
                              "us": t.p50, "p20": t.p20, "p80": t.p80, "same_bits": same_bits(out, first),
                              "rel_err": rel_err(out[valid], first[valid]), "gpu": torch.cuda.get_device_name()})
     return out_rows
+
+
+# The weight layout's ablation (docs/optimizations.md, "Tile-grouped weight layout"): GEMMs whose
+# weight stream the tile groups change most, bandwidth-bound and one wgmma prefill GEMM.
+LAYOUT_GEMMS = (
+    ("ep8-decode-tok1", "indexed", "gate_up"),
+    ("ep8-decode-tok1", "indexed", "down"),
+    ("ep8-decode-tok4", "grouped_masked", "gate_up"),
+    ("ep8-decode-tok4", "grouped_masked", "down"),
+    ("tp8-m64", "indexed", "gate_up"),
+    ("tp8-m1024", "indexed", "gate_up"),
+    ("ep8-prefill-tok512", "grouped_contiguous", "gate_up"),
+)
+
+
+def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, repeats: int = 1, suite_path=None,
+                 seed: int = 0) -> list[dict]:
+    """Each GEMM's profile schedule on weights packed tile-grouped (G = 8, the layout) and
+    tile-major (G = 1: CHORD_TILE_GROUP=1 while packing; chord.ops runs the kernel built for the
+    weights' G), do_bench median of a CUDA-graph replay per repeat. Only where the bytes come from
+    differs, so each G = 1 row says whether its output has the G = 8 output's bits
+    (``same_bits``). Needs an sm_90 GPU."""
+    import os
+
+    import torch
+
+    from chord.bench import inputs as I
+    from chord.bench.timing import bench
+    from chord.testing import same_bits
+
+    rows = []
+    before = os.environ.get("CHORD_TILE_GROUP")
+    try:
+        for rep in range(repeats):
+            for scenario, family, gemm in gemms:
+                first = None
+                for g in (8, 1):
+                    os.environ["CHORD_TILE_GROUP"] = str(g)  # how chord.formats packs
+                    sc, w13, w2, data, fi = I.one_scenario(suite_path, scenario, family, seed, "cuda",
+                                                           who="time_layouts")
+                    for name, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2):
+                        if name != gemm:
+                            continue
+                        s = select(profile_for(family, sc.experts, n, k), prob)
+                        fn, out = make(s)
+                        out.fill_(float("nan"))
+                        fn()
+                        torch.cuda.synchronize()
+                        t = bench(fn, warmup_ms=10, rep_ms=rep_ms, graph=True)
+                        if first is None:
+                            first = out.clone()
+                        rows.append({"scenario": scenario, "family": family, "gemm": gemm, "schedule": s.id,
+                                     "tile_group": g, "repeat": rep, "us": round(t.p50, 2),
+                                     "same_bits": int(same_bits(out, first))})
+                    del w13, w2, data, fi
+    finally:
+        if before is None:
+            os.environ.pop("CHORD_TILE_GROUP", None)
+        else:
+            os.environ["CHORD_TILE_GROUP"] = before
+    return rows
 
 
 def _agrees(out, ref, exact: bool) -> bool:

@@ -20,7 +20,8 @@
 # loop: its off side (`swap=0`) runs the same copies and the same dequantized weight registers
 # with the tokens on the M side in 16-row tiles. Measured here: what the swap buys over tok_e
 # 1-32 (the ablation, live on an H200 or the committed table), weight bytes per second against
-# the HBM ceiling, and these calls next to upstream Humming. Semi-static token slicing is not
+# the HBM ceiling, what the tile-grouped weight layout buys, and these calls next to upstream
+# Humming. Semi-static token slicing is not
 # built yet (`chord.optimizations`, planned).
 
 # %% tags=["parameters"]
@@ -122,6 +123,31 @@ for key in dict.fromkeys((r["scenario"], r["gemm"]) for r in swap_rows):
           f"{on_r['weight_TB_per_s']:8.2f} {off_r['weight_TB_per_s']:9.2f}")
 
 # %% [markdown]
+# ## The weight layout: tile-grouped against tile-major
+# A decode GEMM is a weight stream, so where its bytes lie matters. The packed weights keep an
+# expert's 16-row tiles in groups of 8 with each K block of a group contiguous (`swap16g`,
+# docs/architecture.md): a CTA's pipeline stage is one or two 4 KB runs. The first layout
+# (tile-major, G = 1) put the stage's 8-16 pieces of 512 bytes K/64 x 512 bytes apart.
+# `chord.tune.time_layouts` packs the same weights both ways (`CHORD_TILE_GROUP=1` for the old
+# order; the ops run the kernel built for each one's G) and times each GEMM's profile schedule;
+# the outputs must have the same bits.
+
+# %%
+from chord.tune import LAYOUT_GEMMS, time_layouts
+
+layout_rows, where = live_or_recorded(
+    "03_layout_ablation",
+    lambda: time_layouts(LAYOUT_GEMMS[:4] if QUICK else LAYOUT_GEMMS, rep_ms=20 if QUICK else 30,
+                         repeats=1 if QUICK else 2),
+    "profile schedule per GEMM on tile-grouped (G=8) and tile-major (G=1) weights, chord.tune.time_layouts")
+print(where)
+print(f"{'GEMM':48s} {'G=8 us':>8s} {'G=1 us':>8s} {'G=1 / G=8':>10s}")
+for key in dict.fromkeys((r["scenario"], r["family"], r["gemm"], r["repeat"]) for r in layout_rows):
+    g8 = next(r for r in layout_rows if (r["scenario"], r["family"], r["gemm"], r["repeat"]) == key and r["tile_group"] == 8)
+    g1 = next(r for r in layout_rows if (r["scenario"], r["family"], r["gemm"], r["repeat"]) == key and r["tile_group"] == 1)
+    print(f"{key[0] + ' ' + key[1] + ' ' + key[2]:48s} {g8['us']:8.1f} {g1['us']:8.1f} {g1['us'] / g8['us']:10.3f}")
+
+# %% [markdown]
 # ## Live: these calls next to upstream Humming
 # `chord.workbench.compare` runs the bench on this scenario and family: Chord here, upstream
 # humming-kernels 0.1.20 in a worker subprocess with its own install (`CHORD_HUMMING_DIR`).
@@ -146,13 +172,16 @@ show_capture("ep8-decode-tok4", FAMILY)
 # ## Invariant
 # No measured rate exceeds what HBM can deliver (reads alone run about 4 % above the copy
 # ceiling, so 10 % is the physical margin), the floors agree with the bytes counted here, and
-# the unswapped side computes the same product (to bf16 rounding) with 16-row token tiles.
+# the unswapped side computes the same product (to bf16 rounding) with 16-row token tiles; the
+# two weight layouts give the same bits.
 
 # %%
 assert rates and max(rates) < 1.1 * ceil.copy_TB_per_s, (max(rates), ceil.copy_TB_per_s)
 assert swap_rows and all(r["rel_err_vs_swapped"] < 1e-2 for r in swap_rows), swap_rows
 assert all(r["weight_TB_per_s"] < 1.1 * ceil.copy_TB_per_s for r in swap_rows)
 assert all(Schedule.from_id(r["schedule"]).block_m % 16 == 0 for r in swap_rows if r["swap"] == 0)
+assert layout_rows and all(r["same_bits"] == 1 for r in layout_rows), "the layout changed a product"
+assert {r["tile_group"] for r in layout_rows} == {1, 8}
 sc = suite.scenario("ep8-decode-tok1")
 fl = scenario_floor(sc, ceil, sc.experts)
 assert fl.bound == "memory" and fl.floor_us > 0.9 * 48 * (weight_bytes(4096, 7168) + weight_bytes(7168, 2048)) \
