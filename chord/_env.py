@@ -38,7 +38,7 @@ def flag(name: str, default: bool = False) -> bool:
     return default if value is None else parse_flag(name, value)
 
 
-_TILE_GROUPS = (1, 2, 4, 8)
+TILE_GROUPS = (1, 2, 4, 8)  # legal tile groups G of the weight layout (chord.formats)
 
 
 def tile_group_max() -> int:
@@ -50,6 +50,6 @@ def tile_group_max() -> int:
         g = int(value)
     except ValueError:
         g = 0
-    if g not in _TILE_GROUPS:
+    if g not in TILE_GROUPS:
         raise ValueError(f"environment variable CHORD_TILE_GROUP={value!r}: expected one of 1, 2, 4, 8")
     return g

@@ -180,6 +180,8 @@ def _nsys_tables(nsys: str, rep: Path, out: Path) -> dict:
     with (out / "nsys-stats.log").open("w") as log:
         for r in NSYS_REPORTS:
             prefix = out / "stats"
+            for stale in out.glob(f"stats*{r}.csv"):  # an earlier capture's table must not stand in for this one
+                stale.unlink()
             subprocess.run([nsys, "stats", "--report", r, "--format", "csv", "--force-export", "true",
                             "--force-overwrite", "true", "--output", str(prefix), str(rep)],
                            stdout=log, stderr=subprocess.STDOUT)

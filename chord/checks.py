@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 ALIGN_BYTES = 16  # the kernels read and write 16-byte vectors
 
@@ -18,6 +19,12 @@ ALIGN_BYTES = 16  # the kernels read and write 16-byte vectors
 def where(fn: str, name: str) -> str:
     """``"<fn>: <name>"``, the head of every message."""
     return f"{fn}: {name}"
+
+
+def plain(t: Any) -> bool:
+    """A tensor with real storage at a real address: a plain tensor or an ``nn.Parameter``
+    (vLLM's layer weights; subclasses included), not a FakeTensor or other tracing subclass."""
+    return type(t) is torch.Tensor or (isinstance(t, torch.nn.Parameter) and not isinstance(t, FakeTensor))
 
 
 def fail(fn: str, name: str, expected: str, given: Any, exc: type = ValueError) -> NoReturn:
@@ -82,7 +89,7 @@ def tensor(fn: str, name: str, t: Any, *, dtype=None, ndim=None, what: str | Non
         fail(fn, name, f"be on {device} (like {like})", t.device)
     if contiguous and not t.is_contiguous():
         fail(fn, name, "be contiguous (call .contiguous())", f"strides {tuple(t.stride())} for shape {tuple(t.shape)}")
-    if aligned and type(t) is torch.Tensor and t.device.type != "meta" and t.numel() and t.data_ptr() % ALIGN_BYTES:
+    if aligned and plain(t) and t.device.type != "meta" and t.numel() and t.data_ptr() % ALIGN_BYTES:
         fail(fn, name, f"start at a {ALIGN_BYTES}-byte aligned address (the kernels move 16-byte vectors; a view "
                        "at an odd offset is not: copy it)", f"address offset {t.data_ptr() % ALIGN_BYTES}")
 

@@ -11,7 +11,7 @@ Three representations live here, all bit-exact images of each other:
 * compressed-tensors ``pack-quantized`` (what Kimi K2.x INT4 checkpoints store): per expert
   ``weight_packed`` int32 ``[N, ceil(K/8)]``, ``weight_scale`` ``[N, K/32]``, ``weight_shape``
   ``[2]`` = ``(N, K)``.
-* ``PackedExperts`` in the kernel layout ``swap16`` of docs/architecture.md (built once, at
+* ``PackedExperts`` in the kernel layout ``swap16g`` of docs/architecture.md (built once, at
   load time, on the device the weights are on).
 
 compressed-tensors convention (checked against compressed-tensors 0.20.1 from PyPI:
@@ -66,7 +66,7 @@ from typing import Any
 import torch
 
 from chord import checks
-from chord._env import tile_group_max
+from chord._env import TILE_GROUPS, tile_group_max
 
 __all__ = [
     "GROUP_SIZE",
@@ -83,6 +83,7 @@ __all__ = [
     "pack_experts_from_compressed_tensors",
     "tile_group",
     "packed_shapes",
+    "TILE_GROUPS",
 ]
 
 GROUP_SIZE = 32
@@ -457,7 +458,7 @@ def stack_compressed_tensors_experts(
 
 
 # --------------------------------------------------------------------------------------
-# kernel layout swap16
+# kernel layout swap16g
 # --------------------------------------------------------------------------------------
 
 
@@ -491,7 +492,13 @@ class PackedExperts:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{checks.where(fn, name)} must be a positive int, got {v!r}")
         _check_swap16_nk(fn, "n", n, "k", k)
-        want_q, want_s = packed_shapes(e, n, k)
+        # G comes from the weights themselves (qweight's dimension 3), not from the environment:
+        # weights packed under any CHORD_TILE_GROUP cap stay valid wherever they are used
+        g = self.qweight.shape[3] if self.qweight.dim() == 6 else None
+        if g not in TILE_GROUPS or (n // _SWAP16_N) % g:
+            raise ValueError(f"{checks.where(fn, 'qweight')} must be [E, N/16/G, K/64, G, 32, 4] with G in "
+                             f"{TILE_GROUPS} dividing N/16={n // _SWAP16_N}, got {tuple(self.qweight.shape)}")
+        want_q, want_s = packed_shapes(e, n, k, g)
         if tuple(self.qweight.shape) != want_q:
             raise ValueError(f"{checks.where(fn, 'qweight')} must have shape {want_q}, got {tuple(self.qweight.shape)}")
         if tuple(self.scales.shape) != want_s:
@@ -515,17 +522,21 @@ class PackedExperts:
         return dataclasses.replace(self, qweight=self.qweight.to(device), scales=self.scales.to(device))
 
 
-def tile_group(n: int) -> int:
-    """G of the ``swap16g`` layout for N output features: the largest power of two <= 8 that
-    divides N/16 (csrc/common/params.cuh, ``Swap16Layout``, computes the same). The cap 8 is
-    ``CHORD_TILE_GROUP``, lowered only for the layout's ablation."""
+def tile_group(n: int, cap: int | None = None) -> int:
+    """G of the ``swap16g`` layout for N output features: the largest power of two <= `cap` that
+    divides N/16 (csrc/common/params.cuh, ``Swap16Layout``, computes the same). `cap` defaults to
+    ``CHORD_TILE_GROUP`` (8), lowered only to pack weights for the layout's ablation."""
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        checks.fail("tile_group", "n", "be a positive int (output features)", repr(n))
+    _check_swap16_nk("tile_group", "n", n, "n", _SWAP16_K)
     nt = n // _SWAP16_N
-    return min(tile_group_max(), nt & -nt)
+    return min(tile_group_max() if cap is None else cap, nt & -nt)
 
 
-def packed_shapes(num_experts: int, n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of ``qweight`` (int32) and ``scales`` (bf16) of ``PackedExperts`` with these sizes."""
-    g = tile_group(n)
+def packed_shapes(num_experts: int, n: int, k: int, g: int | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of ``qweight`` (int32) and ``scales`` (bf16) of ``PackedExperts`` with these sizes
+    and tile group `g` (default: ``tile_group(n)``, what the packers use now)."""
+    g = tile_group(n) if g is None else g
     return (num_experts, n // 16 // g, k // 64, g, 32, 4), (num_experts, n // 16 // g, k // 64, g, 8, 2, 2)
 
 
@@ -543,16 +554,16 @@ def _ungrouped(t: torch.Tensor) -> torch.Tensor:
 
 def _check_swap16_nk(fn: str, n_name: str, n: int, k_name: str, k: int) -> None:
     if n % _SWAP16_N != 0:
-        checks.fail(fn, n_name, f"have N (output features) divisible by {_SWAP16_N} (the swap16 layout)", f"N={n}")
+        checks.fail(fn, n_name, f"have N (output features) divisible by {_SWAP16_N} (the swap16g layout)", f"N={n}")
     if k % _SWAP16_K != 0:
-        checks.fail(fn, k_name, f"have K (reduction dim) divisible by {_SWAP16_K} (the swap16 layout)", f"K={k}")
+        checks.fail(fn, k_name, f"have K (reduction dim) divisible by {_SWAP16_K} (the swap16g layout)", f"K={k}")
 
 
-def _swap16_scales(scales: torch.Tensor) -> torch.Tensor:
-    """bf16 [E, N, K/32] -> [E, N/16/G, K/64, G, 8(g), 2(gi), 2(rh)]."""
+def _swap16_scales(scales: torch.Tensor, group: int) -> torch.Tensor:
+    """bf16 [E, N, K/32] -> [E, N/16/G, K/64, G, 8(g), 2(gi), 2(rh)] with G = `group`."""
     e, n, g = scales.shape
     s = scales.reshape(e, n // 16, 2, 8, g // 2, 2)  # e, nt, rh, g, kb, gi
-    return _grouped(s.permute(0, 1, 4, 3, 5, 2), tile_group(n))
+    return _grouped(s.permute(0, 1, 4, 3, 5, 2), group)
 
 
 def _swap16_scales_inverse(s: torch.Tensor) -> torch.Tensor:
@@ -590,7 +601,7 @@ def pack_experts(
     _check_scales_finite(fn, "scales", scales)
 
     nt, kb, g = n // 16, k // 64, tile_group(n)
-    qweight = torch.empty((e, nt // g, kb, g, 32, 4), dtype=torch.int32, device=q.device)
+    qweight = torch.empty(packed_shapes(e, n, k, g)[0], dtype=torch.int32, device=q.device)
     for e0, e1 in _expert_chunks(e, n * k):
         u = (q[e0:e1] + 8).view(torch.uint8)
         # n = nt*16 + rh*8 + g ; k = kb*64 + s*16 + kh*8 + t*2 + kk
@@ -599,7 +610,7 @@ def pack_experts(
         b = u[..., 0] | (u[..., 1] << 4)  # byte (kk, kh): nibble pair rh=0 low, rh=1 high
         b = b.reshape(e1 - e0, nt, kb, 32, 4, 4)  # ... lane, s, byte = kk*2 + kh
         qweight[e0:e1] = _grouped(_bytes_as_words(b), g)
-    return PackedExperts(qweight, _swap16_scales(scales), e, n, k)
+    return PackedExperts(qweight, _swap16_scales(scales, g), e, n, k)
 
 
 def unpack_experts(p: PackedExperts) -> QuantizedExperts:
@@ -633,8 +644,9 @@ def pack_experts_from_compressed_tensors(
     e = packed.shape[0]
     if e == 0:
         raise ValueError(f"{checks.where(fn, 'weight_packed')} must hold at least one expert")
+    _check_scales_finite(fn, "weight_scale", scale)
     nt, kb, g = n // 16, k // 64, tile_group(n)
-    qweight = torch.empty((e, nt // g, kb, g, 32, 4), dtype=torch.int32, device=packed.device)
+    qweight = torch.empty(packed_shapes(e, n, k, g)[0], dtype=torch.int32, device=packed.device)
     for e0, e1 in _expert_chunks(e, n * k):
         # checkpoint byte j of row n holds k = 2j (low nibble) and 2j + 1 (high nibble), so
         # one byte covers (t, kk=0..1) of k = kb*64 + s*16 + kh*8 + t*2 + kk.
@@ -649,4 +661,4 @@ def pack_experts_from_compressed_tensors(
         )  # e nt g kb s kh t kk
         out = out.permute(0, 1, 3, 2, 6, 4, 7, 5)  # e nt kb g t s kk kh
         qweight[e0:e1] = _grouped(_bytes_as_words(out.reshape(e1 - e0, nt, kb, 32, 4, 4)), g)
-    return PackedExperts(qweight, _swap16_scales(scale.contiguous()), e, n, k)
+    return PackedExperts(qweight, _swap16_scales(scale.contiguous(), g), e, n, k)

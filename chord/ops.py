@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from chord import checks, jit, profiling
+from chord import checks, formats, jit, profiling
 from chord._env import flag
 from chord.profiling import nvtx_range
 from chord.schedule import Problem, Schedule, load_profile, override, profile_for, select
@@ -60,15 +60,16 @@ _OVERLAP_MSG = "{fn}: out must not overlap x (the kernels read x while they writ
 # in any checked property is validated again.
 _VALIDATED: dict = {}
 _VALIDATED_MAX = 4096
+_ALIGN_MASK = checks.ALIGN_BYTES - 1
 
 
 def _memo_validate(tag: str, scalars: tuple, tensors: tuple, validate):
     """validate() for this (tag, scalars, tensor metadata) signature, run once and remembered;
-    plain tensors only (a FakeTensor or other subclass is validated on every call)."""
+    plain tensors and parameters only (a FakeTensor or other subclass is validated on every call)."""
     key = None
-    if all(type(t) is torch.Tensor for t in tensors):
+    if all(map(checks.plain, tensors)):
         key = (tag, tuple((type(v), v) for v in scalars),
-               tuple((t.dtype, t.get_device(), t.shape, t.stride(), t.data_ptr() & 15) for t in tensors))
+               tuple((t.dtype, t.device, t.shape, t.stride(), t.data_ptr() & _ALIGN_MASK) for t in tensors))
         hit = _VALIDATED.get(key)
         if hit is not None:
             return hit
@@ -89,9 +90,9 @@ def _check_weights(fn: str, x: torch.Tensor, qweight: torch.Tensor, scales: torc
     _tensor(fn, "out", out, torch.bfloat16, (2, 3), dev)
     e, ng, kb, g, lanes, words = qweight.shape
     n, k = ng * g * 16, kb * 64
-    if lanes != 32 or words != 4 or g not in (1, 2, 4, 8):
-        raise ValueError(f"{fn}: qweight must have the swap16g layout [E, N/16/G, K/64, G, 32, 4] with "
-                         f"G = chord.formats.tile_group(N) in 1, 2, 4, 8, got {tuple(qweight.shape)}")
+    if lanes != 32 or words != 4 or g not in formats.TILE_GROUPS or min(e, ng, kb) < 1:
+        raise ValueError(f"{fn}: qweight must have the swap16g layout [E, N/16/G, K/64, G, 32, 4] with E, N/16/G "
+                         f"and K/64 >= 1 and the tile group G in {formats.TILE_GROUPS}, got {tuple(qweight.shape)}")
     if tuple(scales.shape) != (e, ng, kb, g, 8, 2, 2):
         raise ValueError(f"{fn}: scales must have shape {(e, ng, kb, g, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
     if _overlaps(out, x):
@@ -250,9 +251,12 @@ def _tile_group_cap(qweight: torch.Tensor, n: int) -> int:
     """The kernel variant for these weights' tile group G (qweight dim 3): the default kernels
     (cap 8) serve every G that N alone implies; weights packed with a lower cap (the layout's
     ablation, CHORD_TILE_GROUP) get kernels built for that cap."""
-    g = qweight.shape[3]
-    nt = n // 16
-    return 8 if g == 8 or g == (nt & -nt) else g
+    return _cap_for(qweight.shape[3], n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cap_for(g: int, n: int) -> int:
+    return 8 if g == formats.tile_group(n, 8) else g
 
 
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,

@@ -116,13 +116,3 @@ def profile_rule_schedules(ns: tuple = (512,), family: str | None = None, profil
                     s = _fit_schedule(fam, rule.schedule, n)
                     out.setdefault(s.id, s)
     return sorted(out.values(), key=lambda s: s.id)
-
-
-def capture_graph(calls):
-    """Runs `calls()` once (loads the modules), then captures it into a CUDA graph and returns it."""
-    calls()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    return graph

@@ -276,7 +276,6 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
     import torch
 
     from chord.bench import inputs as I
-    from chord.bench.timing import bench
     from chord.testing import rel_err, same_bits
 
     scheds = [s if isinstance(s, Schedule) else Schedule.from_id(s) for s in schedules]
@@ -291,14 +290,10 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
             continue
         first = None
         for s in scheds:
-            fn, out = make(s)
-            out.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
+            out, t = _run_and_time(make, s, rep_ms)
             if first is None:
                 first = out.clone()
             valid = ~torch.isnan(first)
-            t = bench(fn, warmup_ms=10, rep_ms=rep_ms, graph=True)
             out_rows.append({"scenario": scenario_id, "family": family, "gemm": gemm, "schedule": s.id,
                              "us": t.p50, "p20": t.p20, "p80": t.p80, "same_bits": same_bits(out, first),
                              "rel_err": rel_err(out[valid], first[valid]), "gpu": torch.cuda.get_device_name()})
@@ -318,6 +313,20 @@ LAYOUT_GEMMS = (
 )
 
 
+def _run_and_time(make, s: Schedule, rep_ms: float):
+    """One call of `make(s)`'s GEMM into its NaN-poisoned output, then the do_bench median of its
+    CUDA-graph replay: (output, Timing)."""
+    import torch
+
+    from chord.bench.timing import bench
+
+    fn, out = make(s)
+    out.fill_(float("nan"))
+    fn()
+    torch.cuda.synchronize()
+    return out, bench(fn, warmup_ms=10, rep_ms=rep_ms, graph=True)
+
+
 def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, repeats: int = 1, suite_path=None,
                  seed: int = 0) -> list[dict]:
     """Each GEMM's profile schedule on weights packed tile-grouped (G = 8, the layout) and
@@ -327,43 +336,52 @@ def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, repeats: int = 1, 
     (``same_bits``). Needs an sm_90 GPU."""
     import os
 
-    import torch
-
     from chord.bench import inputs as I
-    from chord.bench.timing import bench
+    from chord.bench.suite import load_suite
     from chord.testing import same_bits
 
+    suite = load_suite(suite_path)
+    for scenario, family, gemm in gemms:  # every name checked before anything is packed
+        suite.scenario(scenario).gemm_problem(family, gemm)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"time_layouts: repeats must be a positive int, got {repeats!r}")
+    if not rep_ms > 0:
+        raise ValueError(f"time_layouts: rep_ms must be positive, got {rep_ms!r}")
     rows = []
     before = os.environ.get("CHORD_TILE_GROUP")
     try:
-        for rep in range(repeats):
-            for scenario, family, gemm in gemms:
-                first = None
-                for g in (8, 1):
-                    os.environ["CHORD_TILE_GROUP"] = str(g)  # how chord.formats packs
-                    sc, w13, w2, data, fi = I.one_scenario(suite_path, scenario, family, seed, "cuda",
-                                                           who="time_layouts")
-                    for name, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2):
-                        if name != gemm:
-                            continue
-                        s = select(profile_for(family, sc.experts, n, k), prob)
-                        fn, out = make(s)
-                        out.fill_(float("nan"))
-                        fn()
-                        torch.cuda.synchronize()
-                        t = bench(fn, warmup_ms=10, rep_ms=rep_ms, graph=True)
-                        if first is None:
-                            first = out.clone()
+        for (scenario, family), group in _grouped_points(gemms).items():
+            calls = {}
+            for g in (8, 1):  # each layout packed once; chord.ops runs the kernel built for the weights' G
+                os.environ["CHORD_TILE_GROUP"] = str(g)
+                sc, w13, w2, data, fi = I.one_scenario(suite_path, scenario, family, seed, "cuda", who="time_layouts")
+                calls[g] = {name: (n, k, prob, make) for name, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2)}
+            firsts: dict = {}
+            for rep in range(repeats):
+                for gemm in group:
+                    for g in (8, 1):  # interleaved, so drift over the run hits both alike
+                        n, k, prob, make = calls[g][gemm]
+                        s = select(profile_for(family, sc.experts, n, k), prob, "profile")
+                        out, t = _run_and_time(make, s, rep_ms)
+                        first = firsts.setdefault(gemm, out.clone())
                         rows.append({"scenario": scenario, "family": family, "gemm": gemm, "schedule": s.id,
                                      "tile_group": g, "repeat": rep, "us": round(t.p50, 2),
                                      "same_bits": int(same_bits(out, first))})
-                    del w13, w2, data, fi
+            del calls, firsts
     finally:
         if before is None:
             os.environ.pop("CHORD_TILE_GROUP", None)
         else:
             os.environ["CHORD_TILE_GROUP"] = before
     return rows
+
+
+def _grouped_points(gemms) -> dict:
+    """{(scenario, family): [gemm, ...]} in the order given."""
+    out: dict = {}
+    for scenario, family, gemm in gemms:
+        out.setdefault((scenario, family), []).append(gemm)
+    return out
 
 
 def _agrees(out, ref, exact: bool) -> bool:

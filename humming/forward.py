@@ -42,12 +42,6 @@ def _as_key(config: Any) -> Optional[str]:
 
 
 @lru_cache(maxsize=256)
-def _compute_flags(compute_config: Optional[str]) -> str:
-    """gemm_type of a compute_config JSON (refuses f16 accumulation)."""
-    return _flags(compute_config)[0]
-
-
-@lru_cache(maxsize=256)
 def _flags(compute_config: Optional[str]) -> tuple[str, bool]:
     """(gemm_type, batch-invariant mode) of a compute_config JSON."""
     cfg = json.loads(compute_config) if compute_config else {}
@@ -78,7 +72,7 @@ _PLANS: dict = {}
 @torch.compiler.assume_constant_result
 def _gemm_kind(compute_config: Optional[str]) -> str:
     """gemm_type of a compute_config string (constant for torch.compile: JSON is not traceable)."""
-    return _compute_flags(compute_config)
+    return _flags(compute_config)[0]
 
 
 def _plan(compute_config: Optional[str], tuning_config: Optional[str], num_experts: int, shape_n: int,

@@ -31,15 +31,14 @@ GEMM = "gate_up"
 
 # %%
 from chord import optimizations
-from chord.schedule import Problem, profile_for, select
+from chord.schedule import profile_for, select
 from chord.bench.suite import load_suite
 from chord.workbench import best_by, recorded_tuning
 from chord.workbench import figures
 
 sc = load_suite().scenario(SCENARIO)
-n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if GEMM == "gate_up" else (sc.n_down, sc.k_down, 1)
-sched = select(profile_for(FAMILY, sc.experts, n, k),
-               Problem(FAMILY, sc.experts, n, k, sc.rows, top_k if FAMILY == "indexed" else 1))
+n, k, prob = sc.gemm_problem(FAMILY, GEMM)
+sched = select(profile_for(FAMILY, sc.experts, n, k), prob)
 ablations = optimizations.ablations(sched)
 print("profile schedule:", sched.id)
 for name, s in ablations.items():

@@ -81,7 +81,7 @@ for cell in pivot(res):
 # unswapped side (the weights are always wgmma's register A operand) and are skipped.
 
 # %%
-from chord.schedule import Problem, profile_for, select
+from chord.schedule import profile_for, select
 from chord.workbench.data import live_or_recorded
 
 SWAP = optimizations.BY_NAME["decode operand swap"]
@@ -97,9 +97,8 @@ def measure_swap():
     for sid in POINTS:
         sc = suite.scenario(sid)
         for gemm in GEMMS:
-            n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if gemm == "gate_up" else (sc.n_down, sc.k_down, 1)
-            on = select(profile_for(FAMILY, sc.experts, n, k),
-                        Problem(FAMILY, sc.experts, n, k, sc.rows, top_k if FAMILY == "indexed" else 1))
+            n, k, prob = sc.gemm_problem(FAMILY, gemm)
+            on = select(profile_for(FAMILY, sc.experts, n, k), prob)
             if not SWAP.is_on(on):
                 print(f"{sid} {gemm}: {on.id} has no unswapped side (wgmma), skipped")
                 continue

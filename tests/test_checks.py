@@ -189,3 +189,25 @@ def test_a_misaligned_call_after_an_aligned_one_is_still_refused():
         ops.gemm_contiguous_raw(x, qw, sc, off, torch.empty(4, N).bfloat16(), s, check_routing=False)
     with pytest.raises(ValueError, match="^gemm_contiguous: x must start at a 16-byte aligned address"):
         ops.gemm_contiguous_raw(_misaligned(x), qw, sc, off, torch.empty(4, N).bfloat16(), s, check_routing=False)
+
+
+def test_parameters_are_checked_like_tensors():
+    """vLLM's layer weights are nn.Parameters: they get the alignment check and the validation
+    memo like plain tensors (before, only type(t) is torch.Tensor did)."""
+    qw, sc = _weights()
+    x = torch.randn(4, K).bfloat16()
+    off = torch.tensor([0, 2, 4, 4], dtype=torch.int64)
+    s = Schedule("grouped_contiguous", 16, 128, 4, 4, 1).id
+    bad = torch.nn.Parameter(_misaligned(qw), requires_grad=False)
+    assert checks.plain(bad) and bad.data_ptr() % 16
+    with pytest.raises(ValueError, match="^gemm_contiguous: qweight must start at a 16-byte aligned address"):
+        ops.gemm_contiguous_raw(x, bad, sc, off, torch.empty(4, N).bfloat16(), s, check_routing=False)
+
+
+def test_empty_weights_are_refused_by_name():
+    x = torch.randn(4, K).bfloat16()
+    with pytest.raises(ValueError, match="^gemm_contiguous: qweight must have the swap16g layout"):
+        ops.gemm_contiguous_raw(x, torch.zeros(0, 2, K // 64, 8, 32, 4, dtype=torch.int32),
+                                torch.ones(0, 2, K // 64, 8, 8, 2, 2, dtype=torch.bfloat16),
+                                torch.zeros(1, dtype=torch.int64), torch.empty(4, N).bfloat16(),
+                                Schedule("grouped_contiguous", 16, 128, 4, 4, 1).id, check_routing=False)

@@ -392,3 +392,35 @@ def test_pack_experts_refuses_non_finite_scales(bad):
     s[1, 3, 1] = bad
     with pytest.raises(ValueError, match=r"scales.*1 non-finite group scales.*\[1, 3, 1\]"):
         F.pack_experts(q, s)
+
+
+def test_packed_weights_keep_their_tile_group_whatever_the_environment(monkeypatch):
+    """G is read from the weights (qweight's dimension 3), never from CHORD_TILE_GROUP, once they
+    are packed: weights packed under one cap stay valid (.to, re-wrapping) under another."""
+    q, s = rand_q(2, 256, 128), rand_scales(2, 256, 4)
+    monkeypatch.setenv("CHORD_TILE_GROUP", "2")
+    p2 = F.pack_experts(q, s)
+    monkeypatch.delenv("CHORD_TILE_GROUP")
+    p8 = F.pack_experts(q, s)
+    assert (p2.qweight.shape[3], p8.qweight.shape[3]) == (2, 8)
+    monkeypatch.setenv("CHORD_TILE_GROUP", "1")
+    for p in (p2, p8):
+        again = F.PackedExperts(p.qweight, p.scales, 2, 256, 128).to("cpu")
+        assert torch.equal(F.unpack_experts(again).q, q)
+    with pytest.raises(ValueError, match=r"^PackedExperts: qweight must be \[E, N/16/G, K/64, G, 32, 4\] with G in"):
+        F.PackedExperts(p8.qweight.reshape(2, 1, 2, 16, 32, 4), p8.scales, 2, 256, 128)
+
+
+def test_tile_group_refuses_a_bad_n():
+    for bad in (0, -16, 8, 24.0, True):
+        with pytest.raises(ValueError, match="^tile_group: n must"):
+            F.tile_group(bad)
+    assert [F.tile_group(n) for n in (16, 32, 48, 64, 96, 128, 4096)] == [1, 2, 1, 4, 2, 8, 8]
+
+
+def test_compressed_tensors_packer_refuses_non_finite_scales():
+    q = rand_q(2, 32, 128)
+    s = rand_scales(2, 32, 4)
+    s[1, 5, 2] = float("nan")
+    with pytest.raises(ValueError, match="^pack_experts_from_compressed_tensors: weight_scale holds 1 non-finite"):
+        F.pack_experts_from_compressed_tensors(F.pack_compressed_tensors(q), s, (32, 128))

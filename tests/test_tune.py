@@ -98,3 +98,25 @@ def test_short_k_candidates_walk_several_n_blocks():
         assert s.split_k == 1 or s.n_tiles == 1
         assert s.smem_bytes * s.ctas_per_sm <= 227 * 1024
     assert {s.n_tiles for s in tune.candidates("indexed", 7168, 85.0, k=256) if s.mainloop == "wgmma"} == {1, 2, 4}
+
+
+def test_time_layouts_refuses_bad_points_before_any_work():
+    """Names and counts are checked before weights are packed (no GPU needed to get the error)."""
+    from chord.tune import LAYOUT_GEMMS, time_layouts
+
+    with pytest.raises(ValueError, match="gemm must be 'gate_up' or 'down', got 'gateup'"):
+        time_layouts([("tp8-m64", "indexed", "gateup")])
+    with pytest.raises(ValueError, match="runs families"):
+        time_layouts([("tp8-m64", "grouped_masked", "gate_up")])
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        time_layouts(LAYOUT_GEMMS, repeats=0)
+    with pytest.raises(ValueError, match="rep_ms must be positive"):
+        time_layouts(LAYOUT_GEMMS, rep_ms=0)
+
+
+def test_host_time_refuses_a_bad_call_count():
+    from chord.bench.timing import host_time
+
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="^host_time: calls must be an int >= 1"):
+            host_time(lambda: None, calls=bad)

@@ -186,3 +186,13 @@ def test_ablation_variants_refuse_bad_names_at_once():
         ablate.knob_off("wave-aware BN")  # a policy rule: switched off with ablate.policy("heuristic,-...")
     with pytest.raises(ValueError, match="unknown rules"):
         ablate.policy("heuristic,-nope")
+
+
+def test_ablate_refuses_a_mistyped_gemm_or_family():
+    """A gemm name other than gate_up/down used to be taken as down, silently."""
+    from chord.workbench import ablate
+
+    with pytest.raises(ValueError, match="gemm must be 'gate_up' or 'down', got 'gateup'"):
+        ablate.schedules([("tp8-m64", "indexed", "gateup")], {"profile": ablate.policy("profile")})
+    with pytest.raises(ValueError, match="scenario tp8-m64 runs families"):
+        ablate.schedules([("tp8-m64", "grouped_contiguous", "down")], {"profile": ablate.policy("profile")})

@@ -32,11 +32,13 @@ from pathlib import Path
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", default="tp8-m1")
-    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--calls", type=int, default=2000, help="timed calls per measurement (>= 1)")
     ap.add_argument("--humming-dir", default=os.environ.get("CHORD_HUMMING_DIR"))
     ap.add_argument("--profile", action="store_true", help="cProfile the trusted chord.ops call")
     ap.add_argument("--parts", action="store_true", help="time the pieces of a raw call's Python side")
     a = ap.parse_args()
+    if a.calls < 1:
+        ap.error("--calls must be >= 1")
 
     import torch
 
@@ -101,7 +103,7 @@ def main() -> None:
         h = host_time(fn, calls=a.calls)
         rows.append((name, h.median_us, h.p90_us))
     # the checked call reads device values, so it waits for the GPU anyway: time it plainly
-    h = host_time(checked, calls=min(a.calls, 500))
+    h = host_time(checked, calls=min(a.calls, 500), keep_ahead=False)
     rows.append(("chord.ops.gemm_indexed gate_up (default: routing checked)", h.median_us, h.p90_us))
 
     if a.humming_dir:
@@ -110,7 +112,7 @@ def main() -> None:
             env = humming_env(a.humming_dir)
             cmd = [sys.executable, "-P", "-m", "chord.bench.humming_baseline", "--humming-dir", a.humming_dir,
                    "--scenarios", a.scenario, "--families", "indexed", "--json-out", out, "--host-time",
-                   "--no-split", "--rep-ms", "50", "--warmup-ms", "20"]
+                   "--host-calls", str(a.calls), "--no-split", "--rep-ms", "50", "--warmup-ms", "20"]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"upstream Humming worker failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

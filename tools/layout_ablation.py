@@ -41,7 +41,7 @@ def main() -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    raise SystemExit(0 if all(r["same_bits"] for r in rows) else 1)
+    raise SystemExit(0 if rows and all(r["same_bits"] for r in rows) else 1)
 
 
 if __name__ == "__main__":

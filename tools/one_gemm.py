@@ -20,12 +20,11 @@ def main() -> None:
 
     from chord import tune
     from chord.bench.suite import load_suite
-    from chord.schedule import Problem, profile_for, select
+    from chord.schedule import profile_for, select
 
     sc = load_suite().scenario(a.scenario)
-    n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if a.gemm == "gate_up" else (sc.n_down, sc.k_down, 1)
-    default = select(profile_for(a.family, sc.experts, n, k),
-                     Problem(a.family, sc.experts, n, k, sc.rows, top_k if a.family == "indexed" else 1))
+    n, k, prob = sc.gemm_problem(a.family, a.gemm)
+    default = select(profile_for(a.family, sc.experts, n, k), prob)
     for r in tune.time_schedules(a.scenario, a.family, a.gemm, a.schedule or [default.id], rep_ms=a.rep_ms):
         same = "bit-identical" if r["same_bits"] else f"rel_err {r['rel_err']:.1e}"
         print(f"{r['scenario']} {r['family']} {r['gemm']} {r['schedule']:45s} {r['us']:9.1f} us  ({same} vs first)",

@@ -129,6 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-time", action="store_true",
                    help="also record the host time of one humming_forward call (metrics host_us_gate_up / host_us_down: "
                         "the median as p50, the 90th percentile as p90)")
+    p.add_argument("--host-calls", type=int, default=2000, help="with --host-time: timed calls per GEMM (>= 1)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests drive the flow on the CPU
     p.add_argument("--allow-version-mismatch", action="store_true",
                    help=f"run even if the upstream package is not {UPSTREAM_VERSION} (rows say which version)")
@@ -137,6 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--humming-dir is required (or set CHORD_HUMMING_DIR)")
     if a.check_rows < 1:
         p.error("--check-rows must be >= 1")
+    if a.host_calls < 1:
+        p.error("--host-calls must be >= 1")
     if a.warmup_ms <= 0 or a.rep_ms <= 0:
         p.error("--warmup-ms and --rep-ms must be positive")
     return a
@@ -505,7 +508,7 @@ def run(args: argparse.Namespace) -> dict:
                         msg += f"  eager {te.p50:.1f}"
                     if args.host_time:
                         for name, fn in (("host_us_gate_up", gate_up), ("host_us_down", down)):
-                            h = timing.host_time(fn)
+                            h = timing.host_time(fn, calls=args.host_calls)
                             out["rows"].append(_row(sc, fam, name, None, h.median_us, None, "us", base,
                                                     p90=h.p90_us, calls=h.calls))
                             msg += f"  {name} {h.median_us:.1f}"

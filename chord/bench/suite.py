@@ -92,6 +92,19 @@ class Scenario:
         """Scenarios with the same key share one set of expert weights (built once)."""
         return (self.deployment, self.experts, self.n_gate_up, self.k_gate_up, self.n_down, self.k_down)
 
+    def gemm_problem(self, family: str, gemm: str):
+        """(n, k, chord.schedule.Problem) of this scenario's `gemm` ("gate_up" or "down") in
+        `family`: gate_up reads the routed rows with the routing's top_k (indexed), down reads one
+        row per route. A family the scenario does not run, or another gemm name, is refused."""
+        from chord.schedule import Problem
+
+        if gemm not in ("gate_up", "down"):
+            raise ValueError(f"scenario {self.id}: gemm must be 'gate_up' or 'down', got {gemm!r}")
+        if family not in self.families:
+            raise ValueError(f"scenario {self.id} runs families {self.families}, got {family!r}")
+        n, k, top_k = (self.n_gate_up, self.k_gate_up, self.top_k) if gemm == "gate_up" else (self.n_down, self.k_down, 1)
+        return n, k, Problem(family, self.experts, n, k, self.rows, top_k if family == "indexed" else 1)
+
     def label(self) -> str:
         load = f"tok_e={self.tok_e}, " if self.tok_e is not None else ""
         return f"{self.id} ({self.deployment}, {load}M={self.m}, rows={self.rows})"

@@ -155,21 +155,25 @@ class HostTime:
     calls: int
 
 
-def host_time(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 50) -> HostTime:
+def host_time(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 50, keep_ahead: bool = True) -> HostTime:
     """time.perf_counter around each of `calls` calls of `fn`, one at a time: the launches are
     asynchronous, so this is the host's share of a call (argument handling, schedule lookup and
-    the driver's launch). The GPU is kept ahead of the host with a sleep kernel every 200 calls,
-    so no call waits for a full launch queue; `fn` must not synchronize with the GPU."""
+    the driver's launch). With `keep_ahead` the GPU is kept ahead of the host with a sleep kernel
+    every 200 calls, so no call waits for a full launch queue (`fn` must then not synchronize with
+    the GPU); without it, for a call that reads device values and so waits for the GPU anyway."""
     import time
 
     import torch
 
+    for name, v in (("calls", calls), ("warmup", warmup)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "calls" else 0):
+            raise ValueError(f"host_time: {name} must be an int >= {1 if name == 'calls' else 0}, got {v!r}")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     ts = []
     for i in range(calls):
-        if i % 200 == 0:
+        if keep_ahead and i % 200 == 0:
             torch.cuda.synchronize()
             torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time ahead of the host
         t0 = time.perf_counter()
@@ -177,4 +181,4 @@ def host_time(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 50) 
         ts.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     ts.sort()
-    return HostTime(statistics.median(ts), ts[int(0.9 * len(ts))], calls)
+    return HostTime(statistics.median(ts), _quantile(ts, 0.9), calls)

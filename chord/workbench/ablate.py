@@ -43,11 +43,10 @@ def knob_off(name: str):
 
 def _point(scenario: str, family: str, gemm: str):
     from chord.bench.suite import load_suite
-    from chord.schedule import Problem, profile_for
+    from chord.schedule import profile_for
 
     sc = load_suite().scenario(scenario)
-    n, k, top_k = (sc.n_gate_up, sc.k_gate_up, sc.top_k) if gemm == "gate_up" else (sc.n_down, sc.k_down, 1)
-    prob = Problem(family, sc.experts, n, k, sc.rows, top_k if family == "indexed" else 1)
+    n, k, prob = sc.gemm_problem(family, gemm)
     return sc, profile_for(family, sc.experts, n, k), prob
 
 

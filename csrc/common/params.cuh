@@ -47,8 +47,9 @@ constexpr int kTileGroupMaxLog = CHORD_TILE_GROUP_LOG;
 constexpr int kTileGroupMax = 1 << kTileGroupMaxLog;
 
 // CTA_TILES: the CTA's 16-row tiles per N block (BN / 16). N is a multiple of BN, so when
-// CTA_TILES is a multiple of 8 so is N/16 and G = 8 is known at compile time (every BN >= 128
-// kernel): the K-block strides are constants. Otherwise G is read from N at run time.
+// CTA_TILES is a multiple of 8 so is N/16 and G = 8 is known at compile time (every BN that is
+// a multiple of 128): the K-block strides are constants. Otherwise (BN 16-64, 192) G is read
+// from N at run time.
 template <int CTA_TILES>
 struct Swap16Layout {
   static constexpr bool kFixed = (CTA_TILES & -CTA_TILES) >= kTileGroupMax;

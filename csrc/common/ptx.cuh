@@ -16,14 +16,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                : "memory");
 }
 
-// 16-byte copy with an L2 eviction hint: weights are streamed once, so evict them first.
-__device__ __forceinline__ void cp_async_16_stream(void* smem, const void* gmem, uint64_t policy) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "l"(policy)
-               : "memory");
-}
-
 // Same, with the shared-memory destination as a 32-bit shared address.
 __device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;
@@ -48,6 +40,7 @@ __device__ __forceinline__ void cp_async_16_if(uint32_t dst, const void* gmem, b
       : "memory");
 }
 
+// 16-byte copy with an L2 eviction hint: weights are streamed once, so evict them first.
 // CHORD_NO_L2_HINT (chord.jit sets it when ptxas miscompiled the hint's 64-bit policy operand
 // into an odd uniform register, which traps): the same copy without the hint.
 __device__ __forceinline__ void cp_async_16_stream_u32(uint32_t dst, const void* gmem, uint64_t policy) {
@@ -66,9 +59,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 
 __device__ __forceinline__ uint64_t make_evict_first_policy() {
+#ifdef CHORD_NO_L2_HINT
+  return 0;  // unused: the copies carry no hint
+#else
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
+#endif
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -124,7 +124,7 @@ struct MmaSwap16 {
         if (kXChunks % T == 0 || c < kXChunks) cp_async_16_u32(st + xdst[it], xsrc[it] + kb * kKBlock, xvalid[it]);
       }
     };
-    // The loads come in order (tile-major): the next one is K block l_kb of tile l_tile.
+    // The loads come in order, N block by N block: the next one is K block l_kb of tile l_tile.
     int l_tile = 0, l_kb = 0;
     const int TOTAL = KB * NTILES;
     auto load_next = [&](int slot) {

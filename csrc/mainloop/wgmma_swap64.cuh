@@ -197,7 +197,7 @@ struct WgmmaSwap64 {
       // Every thread copies one 16-byte chunk of weights per stage (kThreads == kNTiles * 32),
       // the first kNTiles * 4 threads one of scales, and BT * 8 / kThreads activation chunks.
       // The copy plan is fixed for the tile: each source pointer, destination offset and byte
-      // count is computed once here, and each K block only advances the sources by one block
+      // count is computed once here, and each K block only advances the sources by one K block
       // (the per-block row lookup, 64-bit row * K product and select cost ~90 of ~190
       // instructions per warp and K block in the SASS of the 128x256 tile before). (Sharing
       // load_stage here, as the producer does, costs more instructions per K block still.)
@@ -232,7 +232,7 @@ struct WgmmaSwap64 {
       int load_tile = 0;
       int load_slot = 0;
       int load_kb = 0;  // K block of the next load within its tile
-      // Copies the next K block (they come in order, tile-major) into the next ring slot. After
+      // Copies the next K block (they come in order, N block by N block) into the next ring slot. After
       // a tile's last block the sources move on to the next N block: the same activation rows,
       // the weights and scales kNTiles 16-row tiles further.
       auto load_next = [&]() {

@@ -1,9 +1,9 @@
 // Row sources and tile order: which expert, which token rows and which N block a CTA works on.
 //
-// The grid is (X token tiles, Y = N / BN blocks, SPLIT). `tile_coords` maps the CTA to its
-// (token tile, N block): RASTER = 0 keeps launch order (token tile fastest over all experts,
-// then the next N block); RASTER = G walks groups of G consecutive token tiles over every N
-// block, token tile fastest, so the weight slices of one expert are read from HBM once per
+// The grid is (X token tiles, Y = N / (BN * NTILES) blocks, SPLIT). `tile_coords` maps the CTA
+// to its (token tile, N block): RASTER = 0 keeps launch order (token tile fastest over all
+// experts, then the next N block); RASTER = R walks groups of R consecutive token tiles over
+// every N block, token tile fastest, so the weight slices of one expert are read from HBM once per
 // group while its activation rows stay in L2 (token tiles of one expert are consecutive in
 // every family).
 //

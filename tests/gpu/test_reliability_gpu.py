@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from chord import formats, ops, reference, routing
+from chord.bench.timing import capture_graph
 from chord.schedule import Schedule
-from chord.testing import (BF16_TOL, cached_random_experts, capture_graph, poisoned, profile_rule_schedules, rel_err,
-                           same_bits)
+from chord.testing import BF16_TOL, cached_random_experts, poisoned, profile_rule_schedules, rel_err, same_bits
 
 pytestmark = pytest.mark.gpu
 
