@@ -69,10 +69,12 @@ def one_of(fn: str, name: str, v: Any, options) -> Any:
 
 
 def tensor(fn: str, name: str, t: Any, *, dtype=None, ndim=None, what: str | None = None, device=None,
-           like: str = "x", contiguous: bool = False, aligned: bool = False, optional: bool = False) -> None:
+           like: str = "x", contiguous: bool = False, aligned: bool | int = False, optional: bool = False) -> None:
     """`t` is a torch.Tensor (None only when `optional`) of one of `dtype`, of rank `ndim` (an int or
     a tuple; `what` describes the expected shape, e.g. "2-D [M, K]"), on `device` (the device of
-    the argument `like`), contiguous, and starting at a 16-byte aligned address."""
+    the argument `like`), contiguous, and starting at an aligned address: `aligned=True` is the
+    16-byte alignment of the kernels' vector accesses, an int that many bytes (the routing
+    tensors, read one element at a time: their element size)."""
     if t is None and optional:
         return
     if not isinstance(t, torch.Tensor):
@@ -89,9 +91,13 @@ def tensor(fn: str, name: str, t: Any, *, dtype=None, ndim=None, what: str | Non
         fail(fn, name, f"be on {device} (like {like})", t.device)
     if contiguous and not t.is_contiguous():
         fail(fn, name, "be contiguous (call .contiguous())", f"strides {tuple(t.stride())} for shape {tuple(t.shape)}")
-    if aligned and plain(t) and t.device.type != "meta" and t.numel() and t.data_ptr() % ALIGN_BYTES:
-        fail(fn, name, f"start at a {ALIGN_BYTES}-byte aligned address (the kernels move 16-byte vectors; a view "
-                       "at an odd offset is not: copy it)", f"address offset {t.data_ptr() % ALIGN_BYTES}")
+    if aligned:
+        need = ALIGN_BYTES if aligned is True else aligned
+        if plain(t) and t.device.type != "meta" and t.numel() and t.data_ptr() % need:
+            why = ("the kernels move 16-byte vectors" if need == ALIGN_BYTES
+                   else f"the kernels read it with {need}-byte loads")
+            fail(fn, name, f"start at a {need}-byte aligned address ({why}; a view at an odd offset is not: "
+                           "copy it)", f"address offset {t.data_ptr() % need}")
 
 
 def same_device(fn: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:

@@ -165,11 +165,17 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         with _cache_lock(shared=True):  # a consistent (cubin, digest) pair: no publish in between
             intact = _intact(cubin)
             log = log_path.read_text() if intact and log_path.exists() else ""
-        if intact:
+        bad, log = _recheck_cached_sass(cubin, log) if intact else ([], log)
+        if intact and not bad:
             regs, spills = _parse_ptxas(log)
             return BuildResult(cubin, True, regs, spills, log)
-        warnings.warn(f"chord: cached kernel {cubin} is damaged (not an ELF image, or its bytes differ from the "
-                      "digest written with it); rebuilding it", RuntimeWarning, stacklevel=2)
+        if intact:
+            warnings.warn(f"chord: cached kernel {cubin} was built without the SASS check and names "
+                          f"{', '.join(bad)} as a 64-bit memory descriptor (an odd uniform register: a ptxas "
+                          "miscompile that traps, docs/reliability.md); rebuilding it", RuntimeWarning, stacklevel=2)
+        else:
+            warnings.warn(f"chord: cached kernel {cubin} is damaged (not an ELF image, or its bytes differ from the "
+                          "digest written with it); rebuilding it", RuntimeWarning, stacklevel=2)
         with contextlib.suppress(OSError):
             cubin.unlink()
     try:
@@ -186,7 +192,8 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise JitError(f"nvcc failed for {name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
-        bad = _odd_descriptors(tmp_cubin)
+        bad = _sass_odd_descriptors(tmp_cubin, stacklevel=3)
+        checked = bad is not None
         if bad:
             # A known ptxas 13.0 miscompile (docs/reliability.md): a 64-bit memory descriptor (the
             # L2 cache-policy operand of a cp.async) placed in an odd, never-written uniform
@@ -197,10 +204,15 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
                    f"a ptxas miscompile that traps); rebuilt with {NO_L2_HINT_FLAG}\n" + proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 raise JitError(f"nvcc failed for {name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
-            still = _odd_descriptors(tmp_cubin)
+            still = _sass_odd_descriptors(tmp_cubin, stacklevel=3)
             if still:
                 raise JitError(f"{name}: the SASS names {', '.join(still)} as a 64-bit memory descriptor even without "
                                f"L2 cache hints; this kernel would trap (illegal instruction)\n{log}")
+            checked = still is not None
+        if checked:  # recorded in the log sidecar: a later load of this cubin need not read its SASS again
+            log = _with_sass_record(log)
+        else:  # could not check (warned): this process does not try again when it loads the cubin
+            _sass_rechecked.add(str(cubin))
         regs, spills = _parse_ptxas(log)
         if flag("CHORD_PTXAS_CHECK"):
             if spills:
@@ -297,15 +309,83 @@ def _odd_descriptors(cubin: Path) -> list[str]:
     (``desc[UR1]``): a 64-bit operand needs an aligned register pair, so such an instruction
     reads garbage and traps. Empty, with a warning, when cuobjdump is missing or fails (the check
     could not run: the kernel is kept as ptxas built it)."""
+    return _sass_odd_descriptors(cubin, stacklevel=4) or []
+
+
+def _sass_odd_descriptors(cubin: Path, stacklevel: int = 4) -> list[str] | None:
+    """`_odd_descriptors`, but None (with the warning) when the check could not run."""
     tool = _cuobjdump()
     out = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True) if tool else None
     if out is None or out.returncode != 0:
         warnings.warn(f"chord: could not read the SASS of {cubin.name} (cuobjdump "
                       f"{'not found next to nvcc or on PATH' if out is None else 'failed: ' + out.stderr.strip()[:200]}); "
                       "the check for ptxas' odd-register memory descriptors (docs/reliability.md) was skipped",
-                      RuntimeWarning, stacklevel=3)
-        return []
+                      RuntimeWarning, stacklevel=stacklevel)
+        return None
     return sorted({f"UR{n}" for n in _DESC_RE.findall(out.stdout) if int(n) % 2}, key=lambda r: int(r[2:]))
+
+
+# The build log (the `.log` sidecar of a cached cubin) ends with this line when the cubin's SASS
+# was checked for odd-register descriptors. A cubin cached without it (built before the check
+# existed, or where cuobjdump was missing or failed) is checked when it is loaded, once per
+# process, and the line is then added to its log; the cubin's name (its cache key) never changes.
+_SASS_CHECKED = "chord: SASS checked (cuobjdump): no 64-bit memory descriptor in an odd uniform register"
+_sass_rechecked: set[str] = set()  # cached cubins (paths) this process checked, or could not check
+_sass_no_tool_warned = False
+
+
+def _with_sass_record(log: str) -> str:
+    return log + ("" if not log or log.endswith("\n") else "\n") + _SASS_CHECKED + "\n"
+
+
+def _recheck_cached_sass(cubin: Path, log: str) -> tuple[list[str], str]:
+    """(odd descriptors, log) of a cached cubin. Its SASS is read only when its log does not record
+    the check and this process has not read it yet; no odd descriptor, or a check that cannot run,
+    gives [] (a clean result is recorded in the log sidecar and the log returned with it)."""
+    global _sass_no_tool_warned
+    key = str(cubin)
+    if _SASS_CHECKED in log or key in _sass_rechecked:
+        return [], log
+    if _cuobjdump() is None:
+        _sass_rechecked.add(key)
+        if not _sass_no_tool_warned:
+            _sass_no_tool_warned = True
+            warnings.warn("chord: cuobjdump not found (next to nvcc or on PATH): cached kernels built without the "
+                          "SASS check for ptxas' odd-register memory descriptors (docs/reliability.md) are used "
+                          "unchecked", RuntimeWarning, stacklevel=3)
+        return [], log
+    try:
+        digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    except OSError:
+        return [], log
+    bad = _sass_odd_descriptors(cubin, stacklevel=4)
+    if bad:
+        return bad, log  # not remembered: the caller rebuilds it, and the new build records its check
+    _sass_rechecked.add(key)
+    if bad is None:  # cuobjdump failed on it (warned): used as ptxas built it, as a fresh build would be
+        return [], log
+    return [], _record_sass_check(cubin, digest, log)
+
+
+def _record_sass_check(cubin: Path, digest: str, log: str) -> str:
+    """Add _SASS_CHECKED to the log sidecar of `cubin` if its bytes are still those checked
+    (`digest`), under the cache's exclusive lock so no builder publishes a new pair in between.
+    Returns the log with the record; best effort (a read-only cache keeps only the process memo)."""
+    log_path = cubin.with_suffix(".log")
+    staged = cubin.parent / f".{log_path.name}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with _cache_lock(shared=False):
+            if hashlib.sha256(cubin.read_bytes()).hexdigest() != digest:
+                return log  # replaced meanwhile: the new build carries its own record
+            current = log_path.read_text() if log_path.exists() else log
+            if _SASS_CHECKED not in current:
+                staged.write_text(_with_sass_record(current))
+                os.replace(staged, log_path)
+            return log_path.read_text()
+    except (OSError, JitError):
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        return _with_sass_record(log)
 
 
 def dump_sass(cubin: Path) -> Path:

@@ -38,16 +38,24 @@ __all__ = ["gemm_indexed", "gemm_contiguous", "gemm_masked", "gemm_indexed_raw",
 
 
 def _tensor(fn: str, name: str, t, dtype=None, ndim=None, device=None, contiguous=True, aligned=True) -> None:
-    """A kernel operand: chord.checks.tensor, contiguous and 16-byte aligned unless told otherwise."""
+    """A kernel operand: chord.checks.tensor, contiguous and 16-byte aligned unless told otherwise
+    (`aligned` as in chord.checks.tensor: True is 16 bytes, an int that many)."""
     checks.tensor(fn, name, t, dtype=dtype, ndim=ndim, device=device, contiguous=contiguous, aligned=aligned)
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory of two contiguous tensors on one device intersects. Only plain tensors
-    are compared (a FakeTensor of torch.compile tracing or opcheck has no memory to compare)."""
-    if type(a) is not torch.Tensor or type(b) is not torch.Tensor or a.device != b.device:
+    """Whether the memory of two contiguous tensors on one device intersects. Only tensors with
+    real storage are compared (checks.plain: plain tensors and parameters); a FakeTensor of
+    torch.compile tracing or opcheck, and a meta tensor (its data_ptr() is 0 or raises), have no
+    memory to compare, so they never count as overlapping."""
+    if not (checks.plain(a) and checks.plain(b)) or a.device != b.device or a.device.type == "meta":
         return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
+    if not a.numel() or not b.numel():
+        return False
+    try:
+        a0, b0 = a.data_ptr(), b.data_ptr()
+    except RuntimeError:  # no storage to point at (a tensor subclass without data)
+        return False
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
@@ -154,8 +162,8 @@ def _checks_routing(check: bool | None, t: torch.Tensor) -> bool:
     the current stream captures a CUDA graph."""
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check_routing must be None or a bool, got {type(check).__name__}")
-    if not (_check_routing if check is None else check):
-        return False
+    if not (_check_routing if check is None else check) or t.device.type == "meta":
+        return False  # off, or no values to read (a meta tensor: the device check refuses the call)
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
@@ -281,9 +289,11 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
     dev = x.device
     if x.dim() != 2 or out.dim() != 2:
         raise ValueError(f"{fn}: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
-    _tensor(fn, "sorted_ids", sorted_ids, torch.int32, 1, dev)
-    _tensor(fn, "expert_ids", expert_ids, torch.int32, 1, dev)
-    _tensor(fn, "num_tokens_post_padded", num_tokens_post_padded, torch.int32, 1, dev)
+    # routing tensors: the row sources (csrc/moe/rows.cuh) read them one element at a time, so
+    # they need their element's alignment, not the 16 bytes of the vector operands
+    _tensor(fn, "sorted_ids", sorted_ids, torch.int32, 1, dev, aligned=4)
+    _tensor(fn, "expert_ids", expert_ids, torch.int32, 1, dev, aligned=4)
+    _tensor(fn, "num_tokens_post_padded", num_tokens_post_padded, torch.int32, 1, dev, aligned=4)
     if num_tokens_post_padded.numel() < 1:
         raise ValueError(f"{fn}: num_tokens_post_padded must hold one element")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -346,7 +356,7 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
     e, n, k = _check_weights(fn, x, qweight, scales, out)
     if x.dim() != 2 or out.dim() != 2:
         raise ValueError(f"{fn}: x and out must be 2-D, got {tuple(x.shape)} and {tuple(out.shape)}")
-    _tensor(fn, "expert_offsets", expert_offsets, torch.int64, 1, x.device)
+    _tensor(fn, "expert_offsets", expert_offsets, torch.int64, 1, x.device, aligned=8)  # int64 loads (rows.cuh)
     if expert_offsets.numel() != e + 1:
         raise ValueError(f"{fn}: expert_offsets must have E+1={e + 1} entries, got {expert_offsets.numel()}")
     if out.shape[0] < x.shape[0]:
@@ -390,7 +400,7 @@ def _(x, qweight, scales, expert_offsets, out, schedule, check_routing=-1):
 def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
     fn = "gemm_masked"
     e, n, k = _check_weights(fn, x, qweight, scales, out)
-    _tensor(fn, "expert_num_tokens", expert_num_tokens, torch.int32, 1, x.device)
+    _tensor(fn, "expert_num_tokens", expert_num_tokens, torch.int32, 1, x.device, aligned=4)  # int32 loads (rows.cuh)
     if expert_num_tokens.numel() != e:
         raise ValueError(f"{fn}: expert_num_tokens must have E={e} entries, got {expert_num_tokens.numel()}")
     if x.dim() == 3:

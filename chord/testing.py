@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from chord import formats
+from chord._env import tile_group_max
 
 #: relative Frobenius error allowed for bf16 operands against the float32 reference; measured
 #: ~2-3e-3 on every family and main loop.
@@ -42,6 +43,52 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
 
 
+def check_rows(out: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor | None = None, what: str = "",
+               tol: float = BF16_TOL) -> float:
+    """Checks a poisoned (NaN-filled) kernel output against its float32 reference, row by row: the
+    rows `valid` names match `ref` within `tol` (`rel_err`), every other row is still NaN (the
+    kernel did not write it). `valid`: a bool mask over the leading dims of `out` (default: the
+    rows where `ref` is not NaN, as chord.reference leaves the rows an op must not write).
+    Raises AssertionError starting with `what`; returns the relative error (0.0 without valid rows)."""
+    if valid is None:
+        valid = ~torch.isnan(ref[..., 0])
+    head = f"{what}: " if what else ""
+    if not torch.isnan(out[~valid]).all():
+        raise AssertionError(f"{head}rows the routing does not name were written")
+    if not valid.any():
+        return 0.0
+    got = out[valid]
+    if torch.isnan(got).any():
+        raise AssertionError(f"{head}rows the routing names were not written (NaN left in the output)")
+    err = rel_err(got, ref[valid])
+    if not err < tol:
+        raise AssertionError(f"{head}rel_err {err:.2e} >= {tol:.0e}")
+    return err
+
+
+def run_cases(case, count: int, name=lambda i: f"case {i}", after=None) -> tuple[int, list[str]]:
+    """Runs ``case(i)`` for i in 0..count-1 (then ``after()``, e.g. ``torch.cuda.synchronize`` so an
+    asynchronous fault is reported against its case) and returns (how many ran, one line per failed
+    case, starting with ``name(i)``). A failed case does not stop the others; an error that leaves
+    the CUDA context unusable (a message with "CUDA error": an illegal access, a launch failure)
+    stops the run there, since every later case would only repeat it."""
+    failed: list[str] = []
+    ran = 0
+    for i in range(count):
+        ran += 1
+        try:
+            case(i)
+            if after is not None:
+                after()
+        except Exception as exc:  # noqa: BLE001 - every error is that case's failure
+            first = (str(exc).splitlines() or [""])[0]
+            kind = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
+            failed.append(f"{name(i)}: {kind}{first}")
+            if "CUDA error" in str(exc):
+                break
+    return ran, failed
+
+
 def random_expert_map(e_global: int, e_local: int, device: str | torch.device = "cuda") -> torch.Tensor:
     """An expert-parallel `expert_map`: `e_local` random global experts get local ids 0..e_local-1,
     the others -1 (not on this rank)."""
@@ -54,15 +101,18 @@ def random_expert_map(e_global: int, e_local: int, device: str | torch.device = 
 _EXPERTS: dict = {}
 
 
-def cached_random_experts(e: int, n: int, k: int, seed: int = 0, keep: int = 4
+def cached_random_experts(e: int, n: int, k: int, seed: int = 0, keep: int = 4,
+                          device: str | torch.device = "cuda"
                           ) -> tuple[formats.QuantizedExperts, formats.PackedExperts]:
-    """`random_experts` on the GPU, memoized per shape (Kimi K2 shapes are large; at most `keep`
-    + 1 shapes stay alive)."""
-    key = (e, n, k, seed)
+    """`random_experts` (on the GPU unless `device` says otherwise), memoized per shape, seed,
+    device and tile-group cap (``CHORD_TILE_GROUP``: the packed layout depends on it, so weights
+    packed under another cap are never returned). Kimi K2 shapes are large: at most `keep` + 1
+    entries stay alive."""
+    key = (e, n, k, seed, str(torch.device(device)), tile_group_max())
     if key not in _EXPERTS:
         if len(_EXPERTS) > keep:
             _EXPERTS.clear()
-        _EXPERTS[key] = random_experts(e, n, k, seed)
+        _EXPERTS[key] = random_experts(e, n, k, seed, device=device)
     return _EXPERTS[key]
 
 

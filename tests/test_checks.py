@@ -62,6 +62,18 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
     return v
 
 
+def _byte_misaligned(t: torch.Tensor, by: int = 1) -> torch.Tensor:
+    """The same values `by` bytes past a 16-byte boundary (torch.frombuffer at an offset: no torch op
+    makes such a view of an int32/int64 tensor, but a pointer from elsewhere can be one)."""
+    raw = bytearray(t.numel() * t.element_size() + 32)
+    base = torch.frombuffer(raw, dtype=torch.uint8).data_ptr()
+    v = torch.frombuffer(raw, dtype=t.dtype, offset=(-base) % 16 + by, count=t.numel()).view(t.shape)
+    v.copy_(t)
+    v._raw = raw  # keep the buffer alive with the view
+    assert v.data_ptr() % 16 == by and v.is_contiguous()
+    return v
+
+
 def _indexed(**over):
     qw, sc = _weights()
     a = dict(x=torch.randn(5, K).bfloat16(), qweight=qw, scales=sc, sorted_ids=torch.full((64,), 10, dtype=torch.int32),
@@ -96,18 +108,24 @@ def _masked(**over):
 
 qw0, sc0 = _weights()
 CASES = {
-    # 16-byte alignment of every tensor a kernel reads or writes
+    # 16-byte alignment of every tensor a kernel moves in vectors
     "indexed x misaligned": (_indexed(x=_misaligned(torch.randn(5, K).bfloat16())), "gemm_indexed: x", "aligned"),
     "indexed out misaligned": (_indexed(out=_misaligned(torch.empty(10, N, dtype=torch.bfloat16))), "gemm_indexed: out",
                                "aligned"),
     "indexed qweight misaligned": (_indexed(qweight=_misaligned(qw0)), "gemm_indexed: qweight", "aligned"),
     "indexed scales misaligned": (_indexed(scales=_misaligned(sc0)), "gemm_indexed: scales", "aligned"),
-    "indexed sorted_ids misaligned": (_indexed(sorted_ids=_misaligned(torch.full((64,), 10, dtype=torch.int32))),
-                                      "gemm_indexed: sorted_ids", "aligned"),
-    "contiguous offsets misaligned": (_contiguous(expert_offsets=_misaligned(torch.tensor([0, 3, 3, 9]))),
-                                      "gemm_contiguous: expert_offsets", "aligned"),
-    "masked counts misaligned": (_masked(expert_num_tokens=_misaligned(torch.tensor([1, 0, 4], dtype=torch.int32))),
-                                 "gemm_masked: expert_num_tokens", "aligned"),
+    # routing tensors are read one element at a time (csrc/moe/rows.cuh): their element's alignment
+    "indexed sorted_ids misaligned": (_indexed(sorted_ids=_byte_misaligned(torch.full((64,), 10, dtype=torch.int32))),
+                                      "gemm_indexed: sorted_ids", "4-byte aligned address"),
+    "indexed expert_ids misaligned": (_indexed(expert_ids=_byte_misaligned(torch.zeros(8, dtype=torch.int32), 2)),
+                                      "gemm_indexed: expert_ids", "4-byte aligned address"),
+    "indexed num_tokens_post_padded misaligned": (
+        _indexed(num_tokens_post_padded=_byte_misaligned(torch.tensor([8], dtype=torch.int32), 3)),
+        "gemm_indexed: num_tokens_post_padded", "4-byte aligned address"),
+    "contiguous offsets misaligned": (_contiguous(expert_offsets=_byte_misaligned(torch.tensor([0, 3, 3, 9]), 4)),
+                                      "gemm_contiguous: expert_offsets", "8-byte aligned address"),
+    "masked counts misaligned": (_masked(expert_num_tokens=_byte_misaligned(torch.tensor([1, 0, 4], dtype=torch.int32))),
+                                 "gemm_masked: expert_num_tokens", "4-byte aligned address"),
     # dtype, rank, shape, device, contiguity
     "indexed x dtype": (_indexed(x=torch.randn(5, K)), "gemm_indexed: x", "dtype bfloat16"),
     "indexed x rank": (_indexed(x=torch.randn(K).bfloat16()), "gemm_indexed: x", "2-D"),
@@ -138,6 +156,29 @@ def test_ops_refuse_with_function_and_argument(case):
         call()
     msg = str(info.value)
     assert msg.startswith(head) and what in msg, msg
+
+
+@pytest.mark.parametrize("call", [
+    _indexed(sorted_ids=_misaligned(torch.full((64,), 10, dtype=torch.int32)),
+             expert_ids=_misaligned(torch.zeros(8, dtype=torch.int32)),
+             num_tokens_post_padded=_misaligned(torch.tensor([8], dtype=torch.int32))),
+    _contiguous(expert_offsets=_misaligned(torch.tensor([0, 3, 3, 9]))),  # 8 bytes past 16: int64-aligned
+    _masked(expert_num_tokens=_misaligned(torch.tensor([1, 0, 4], dtype=torch.int32))),
+], ids=["indexed", "contiguous", "masked"])
+def test_routing_views_at_their_element_alignment_are_accepted(call):
+    """Routing tensors need only their element's alignment (4 bytes, 8 for int64 offsets): a view
+    one element past a 16-byte boundary passes every check and reaches the CPU refusal."""
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        call()
+
+
+def test_the_message_says_why_the_alignment_is_needed():
+    with pytest.raises(ValueError, match=r"^f: t must start at a 4-byte aligned address \(the kernels read it "
+                                         r"with 4-byte loads; .*got address offset 2$"):
+        checks.tensor("f", "t", _byte_misaligned(torch.zeros(4, dtype=torch.int32), 2), aligned=4)
+    with pytest.raises(ValueError, match="16-byte aligned address \\(the kernels move 16-byte vectors"):
+        checks.tensor("f", "t", _misaligned(torch.zeros(8, dtype=torch.int32)), aligned=True)
+    checks.tensor("f", "t", _misaligned(torch.zeros(8, dtype=torch.int32)), aligned=4)
 
 
 def test_out_aliasing_x_names_the_op():

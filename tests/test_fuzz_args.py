@@ -91,8 +91,10 @@ def test_fuzzed_bad_arguments_get_a_clear_error(family):
     fn, order, base = family()
     rng = random.Random(1234)
     outcomes = {"named": 0, "refused": 0, "reached the device check": 0}
+    mutated, named = set(), set()
     for case in range(CASES):
         name, value, strict = _mutate(rng, base)
+        mutated.add(name)
         args = dict(base, **{name: value})
         try:
             fn(*[args[k] for k in order], check_routing=False)
@@ -104,8 +106,13 @@ def test_fuzzed_bad_arguments_get_a_clear_error(family):
             elif strict:
                 assert name in msg, f"case {case}: {name} broken, message does not name it: {msg}"
                 outcomes["named"] += 1
+                named.add(name)
             else:
                 outcomes["refused"] += 1
         else:  # pragma: no cover - a CPU call can never launch
             pytest.fail(f"case {case}: {name}={value!r} returned without an error on CPU")
-    assert sum(outcomes.values()) == CASES and outcomes["named"] > CASES // 4, outcomes
+    # every argument was mutated, and every one but the schedule id (its mutations are bad ids, not
+    # broken arguments) was broken outright at least once and named by its message
+    assert mutated == set(order), sorted(set(order) - mutated)
+    assert named == set(order) - {"schedule"}, sorted(set(order) - {"schedule"} - named)
+    assert outcomes["named"] > CASES // 4, outcomes

@@ -158,3 +158,138 @@ def test_odd_descriptor_miscompile_is_rebuilt_without_l2_hints(tmp_path, monkeyp
 def test_build_schedule_refuses_a_bad_tile_group_cap():
     with pytest.raises(ValueError, match="tile_group_cap must be 1, 2, 4 or 8, got 3"):
         jit.build_schedule(Schedule("indexed", 8, 128, 4, 4, 1), 3)
+
+
+# ---- cached cubins built without the SASS check (fake nvcc and cuobjdump: runs everywhere) ---
+
+_FAKE_NVCC = '''
+import sys
+args = sys.argv[1:]
+if "--version" in args:
+    print("Cuda compilation tools, release 13.0, V13.0.0 (fake)")
+    sys.exit(0)
+src = open(args[-1]).read()
+odd = "MISCOMPILE" in src and "-DCHORD_NO_L2_HINT" not in args
+sass = "LDGSTS.E.BYPASS.128 [R1], desc[UR%d][R28.64] ;" % (1 if odd else 4)
+with open(args[args.index("-o") + 1], "wb") as f:
+    f.write(b"\\x7fELF" + sass.encode() + b"\\n" + src.encode())
+print("ptxas info    : Used 40 registers")
+'''
+
+_FAKE_CUOBJDUMP = '''
+import sys
+with open(sys.argv[0] + ".calls", "a") as f:
+    f.write(sys.argv[-1] + "\\n")
+sys.stdout.write(open(sys.argv[-1], "rb").read()[4:].decode(errors="replace"))
+'''
+
+
+@pytest.fixture
+def fake_toolchain(tmp_path, monkeypatch):
+    """A fake nvcc whose cubins hold their 'SASS' (desc[UR1] for a source saying MISCOMPILE, unless
+    built with CHORD_NO_L2_HINT), a fake cuobjdump that prints it and counts its calls, a fresh
+    cache and a fresh per-process memo. `use_cuobjdump(False)` makes cuobjdump missing."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("nvcc", _FAKE_NVCC), ("cuobjdump", _FAKE_CUOBJDUMP)):
+        (bin_dir / name).write_text(f"#!{sys.executable}\n{body}")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("CHORD_NVCC", str(bin_dir / "nvcc"))
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CHORD_PTXAS_CHECK", raising=False)
+    monkeypatch.delenv("CHORD_DUMP_SASS", raising=False)
+    monkeypatch.setattr(jit, "_sass_rechecked", set())
+    monkeypatch.setattr(jit, "_sass_no_tool_warned", False)
+    calls = bin_dir / "cuobjdump.calls"
+
+    class Tools:
+        @staticmethod
+        def use_cuobjdump(on: bool) -> None:
+            monkeypatch.setattr(jit, "_cuobjdump", lambda: str(bin_dir / "cuobjdump") if on else None)
+
+        @staticmethod
+        def calls() -> int:
+            return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+        @staticmethod
+        def new_process() -> None:
+            jit._sass_rechecked.clear()
+            jit._sass_no_tool_warned = False
+
+    return Tools
+
+
+def _unchecked_build(tools, src, name):
+    """What a cache from before the SASS check (or from a machine without cuobjdump) holds."""
+    tools.use_cuobjdump(False)
+    with pytest.warns(RuntimeWarning, match="could not read the SASS"):
+        res = jit.build(src, name=name)
+    assert not res.cached and jit._SASS_CHECKED not in res.log
+    tools.new_process()
+    tools.use_cuobjdump(True)
+    return res
+
+
+def test_a_fresh_build_records_its_sass_check(fake_toolchain):
+    tools = fake_toolchain
+    tools.use_cuobjdump(True)
+    res = jit.build("ok\n", name="fresh")
+    assert jit._SASS_CHECKED in res.log and jit._SASS_CHECKED in res.cubin.with_suffix(".log").read_text()
+    assert tools.calls() == 1 and res.registers == 40
+    tools.new_process()
+    assert jit.build("ok\n", name="fresh").cached and tools.calls() == 1  # the record: no second read
+
+
+def test_a_cached_miscompile_built_without_the_check_is_rebuilt_when_loaded(fake_toolchain):
+    """A cubin cached before the check existed (or built where cuobjdump was missing) carries no
+    record of it: its SASS is read when it is loaded, and the odd descriptor gets the same rebuild
+    as a fresh build, under the same cache name (the key never changes)."""
+    tools = fake_toolchain
+    src = "MISCOMPILE\n"
+    old = _unchecked_build(tools, src, "bad")
+    assert b"desc[UR1]" in old.cubin.read_bytes()
+    with pytest.warns(RuntimeWarning, match="built without the SASS check and names UR1"):
+        new = jit.build(src, name="bad")
+    assert not new.cached and new.cubin == old.cubin and b"desc[UR1]" not in new.cubin.read_bytes()
+    assert jit.NO_L2_HINT_FLAG in new.log and jit._SASS_CHECKED in new.log and jit._intact(new.cubin)
+    seen = tools.calls()
+    tools.new_process()
+    again = jit.build(src, name="bad")
+    assert again.cached and jit.NO_L2_HINT_FLAG in again.log and tools.calls() == seen
+
+
+def test_a_clean_unchecked_cubin_is_checked_once_and_the_check_recorded(fake_toolchain, monkeypatch):
+    tools = fake_toolchain
+    old = _unchecked_build(tools, "clean\n", "clean")
+    log_path = old.cubin.with_suffix(".log")
+    res = jit.build("clean\n", name="clean")
+    assert res.cached and res.cubin == old.cubin and tools.calls() == 1
+    assert jit._SASS_CHECKED in res.log and jit._SASS_CHECKED in log_path.read_text()
+    assert res.registers == 40  # the ptxas lines of the log are kept
+    assert jit.build("clean\n", name="clean").cached and tools.calls() == 1  # once per process
+    tools.new_process()
+    assert jit.build("clean\n", name="clean").cached and tools.calls() == 1  # and recorded for the next
+    # a cache the record cannot be written into (read-only): the process memo still reads it once
+    log_path.write_text(old.log)
+    tools.new_process()
+    monkeypatch.setattr(jit, "_record_sass_check", lambda cubin, digest, log: log)
+    jit.build("clean\n", name="clean")
+    jit.build("clean\n", name="clean")
+    assert tools.calls() == 2
+
+
+def test_without_cuobjdump_unchecked_cubins_are_used_with_one_warning(fake_toolchain):
+    import warnings
+
+    tools = fake_toolchain
+    a = _unchecked_build(tools, "a\n", "a")
+    _unchecked_build(tools, "b\n", "b")
+    tools.use_cuobjdump(False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert jit.build("a\n", name="a").cubin == a.cubin
+        assert jit.build("b\n", name="b").cached and jit.build("a\n", name="a").cached
+    assert [str(w.message) for w in seen if "cuobjdump not found" in str(w.message)] and len(seen) == 1, \
+        [str(w.message) for w in seen]

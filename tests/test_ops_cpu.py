@@ -100,6 +100,46 @@ def test_fake_impls_trace():
             call_indexed(dict(a, block_m=16))
 
 
+def _on_meta(a: dict) -> dict:
+    return {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+
+
+def test_overlap_check_on_meta_tensors():
+    """Meta tensors have no memory (data_ptr() is 0, or raises): they are never reported as
+    overlapping. Before, two meta tensors both "started at 0" and every meta call was refused
+    with "out must not overlap x"."""
+    x, out = torch.empty(5, K, device="meta"), torch.empty(10, N, device="meta")
+    assert not ops._overlaps(out, x) and not ops._overlaps(x, x)
+    buf = torch.empty(64)
+    assert ops._overlaps(buf[8:], buf[:16]) and not ops._overlaps(buf[16:], buf[:16])
+    assert not ops._overlaps(buf[4:4], buf)  # an empty view writes nothing
+
+
+@pytest.mark.parametrize("check", [None, True, False])
+def test_meta_calls_validate_then_need_a_gpu(check, routing_check):
+    """A call on meta tensors runs every argument check, reads no routing values (there are
+    none) and ends in the clear device refusal; through the dispatcher the fake impl accepts it."""
+    a = _on_meta(indexed_args())
+    names = ("x", "qweight", "scales", "sorted_ids", "expert_ids", "num_tokens_post_padded", "out", "top_k",
+             "block_m", "schedule")
+    with pytest.raises(ValueError, match="^x must be a CUDA tensor .* got device meta"):
+        ops.gemm_indexed_raw(*[a[k] for k in names], check_routing=check)
+    call_indexed(a)  # the Meta kernel of the custom op is the fake impl: validation only
+    with pytest.raises(ValueError, match="block_m"):
+        call_indexed(dict(a, block_m=16))
+    qw, sc = (t.to("meta") for t in weights())
+    x, out = torch.empty(9, K, device="meta", dtype=torch.bfloat16), torch.empty(9, N, device="meta", dtype=torch.bfloat16)
+    off = torch.tensor([0, 3, 3, 9]).to("meta")
+    with pytest.raises(ValueError, match="^x must be a CUDA tensor"):
+        ops.gemm_contiguous_raw(x, qw, sc, off, out, Schedule("grouped_contiguous", 16, 128, 4, 4, 1).id,
+                                check_routing=check)
+    xm, om = torch.empty(E, 4, K, device="meta", dtype=torch.bfloat16), torch.empty(E, 4, N, device="meta",
+                                                                                       dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^x must be a CUDA tensor"):
+        ops.gemm_masked_raw(xm, qw, sc, torch.tensor([1, 0, 4], dtype=torch.int32).to("meta"), om,
+                            Schedule("grouped_masked", 8, 128, 4, 4, 1).id, check_routing=check)
+
+
 @pytest.fixture
 def routing_check():
     before = chord.ops._check_routing

@@ -1,6 +1,7 @@
 """Host time of one GEMM call (CPU side, warm caches): issue 6 item 4, Chord and upstream Humming.
 
-    python tools/host_time.py [--scenario tp8-m1] [--calls 2000] [--humming-dir /tmp/humming] [--profile]
+    python tools/host_time.py [--scenario tp8-m1] [--calls 2000] [--humming-dir /tmp/humming]
+                              [--profile NAME] [--cprofile] [--parts]
 
 Each call alone with time.perf_counter around it (chord.bench.timing.host_time: the launch is
 asynchronous, so this is the host's share; the GPU is kept ahead with a sleep kernel so no call
@@ -16,9 +17,12 @@ waits for a full launch queue). Measured, for the scenario's gate_up and down GE
 * with --humming-dir: upstream Humming 0.1.20's `humming_forward` in a worker process
   (`python -m chord.bench.humming_baseline --host-time`), same scenario, seed and calls.
 
-Prints median and p90 in microseconds. --profile: the trusted call under cProfile. --parts: the
-pieces of the Python side of one raw call, each timed alone (the validation memo key, the
-schedule id, the split-K buffer lookup, parameter packing, the raw stream).
+Prints median and p90 in microseconds. --profile: the Chord profile file (profiles/<name>.json),
+by default the library's own ($CHORD_PROFILE, else h200: chord.schedule.gpu_profile_name); it
+is exported as $CHORD_PROFILE so Chord's humming root decides with the same file. --cprofile:
+the trusted call under cProfile. --parts: the pieces of the Python side of one raw call, each
+timed alone (the validation memo key, the schedule id, the split-K buffer lookup, parameter
+packing, the raw stream).
 """
 import argparse
 import json
@@ -29,16 +33,33 @@ import tempfile
 from pathlib import Path
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line; `profile` resolved to the library's default profile when not given."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", default="tp8-m1")
     ap.add_argument("--calls", type=int, default=2000, help="timed calls per measurement (>= 1)")
     ap.add_argument("--humming-dir", default=os.environ.get("CHORD_HUMMING_DIR"))
-    ap.add_argument("--profile", action="store_true", help="cProfile the trusted chord.ops call")
+    ap.add_argument("--profile", default=None,
+                    help="Chord profile file (profiles/<name>.json; default $CHORD_PROFILE or h200)")
+    ap.add_argument("--cprofile", action="store_true", help="cProfile the trusted chord.ops call")
     ap.add_argument("--parts", action="store_true", help="time the pieces of a raw call's Python side")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.calls < 1:
         ap.error("--calls must be >= 1")
+    from chord.schedule import gpu_profile_name, load_profile_file
+
+    if a.profile is None:
+        a.profile = gpu_profile_name()
+    try:
+        load_profile_file(a.profile)  # a bad name or file is a usage error, before any GPU work
+    except ValueError as exc:
+        ap.error(f"--profile: {exc}")
+    return a
+
+
+def main() -> None:
+    a = parse_args()
+    os.environ["CHORD_PROFILE"] = a.profile  # Chord's humming root (profile_for) reads it
 
     import torch
 
@@ -56,7 +77,7 @@ def main() -> None:
     w13, w2 = ChordAPI.pack(w.q13, w.s13), ChordAPI.pack(w.q2, w.s2)
     data = I.scenario_data(sc, 0, dev)
     fi = I.family_inputs("indexed", data)
-    prof = ChordAPI.profile("h200", sc.profile_deployment)
+    prof = ChordAPI.profile(a.profile, sc.profile_deployment)
     gate_up, down, gu, _dn, info = _chord_calls("indexed", sc, data, fi, w13, w2, prof)
     s1 = Schedule.from_id(info["schedule_gate_up"])  # the decision _chord_calls made, not a second one
     r1 = ChordAPI.align(data.topk_ids, s1.block_m, sc.experts)
@@ -140,7 +161,7 @@ def main() -> None:
             h = host_time(fn, calls=a.calls)
             print(f"  {name:62s} median {h.median_us:6.2f} us  p90 {h.p90_us:6.2f} us", flush=True)
 
-    if a.profile:
+    if a.cprofile:
         import cProfile
         import pstats
 

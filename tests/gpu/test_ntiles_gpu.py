@@ -85,7 +85,8 @@ def test_n_tiles_masked(tile):
     mainloop, bm, bn, stages = tile
     e, n, k, max_rows = 9, 1024, 192, 37
     qe, pw = experts(e, n, k)
-    counts = torch.randint(0, max_rows + 1, (e,), device="cuda", dtype=torch.int32)
+    g = torch.Generator(device="cuda").manual_seed(bm * 1000 + bn + stages)  # per tile, whatever ran before
+    counts = torch.randint(0, max_rows + 1, (e,), device="cuda", dtype=torch.int32, generator=g)
     counts[0], counts[1] = 0, max_rows
     x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
     base = base_schedule("grouped_masked", mainloop, bm, bn, stages)

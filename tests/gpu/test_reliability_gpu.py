@@ -13,7 +13,8 @@ import torch
 from chord import formats, ops, reference, routing
 from chord.bench.timing import capture_graph
 from chord.schedule import Schedule
-from chord.testing import BF16_TOL, cached_random_experts, poisoned, profile_rule_schedules, rel_err, same_bits
+from chord.testing import (BF16_TOL, cached_random_experts, check_rows, poisoned, profile_rule_schedules, rel_err,
+                           same_bits)
 
 pytestmark = pytest.mark.gpu
 
@@ -29,12 +30,6 @@ DOWN = dict(block_m=32, block_n=128, warps=8, stages=4, ctas_per_sm=1, mainloop=
 
 def _sched(family, knobs):
     return Schedule(family, **knobs)
-
-
-def _check_rows(out, ref, valid, what):
-    assert torch.isnan(out[~valid]).all(), f"{what}: rows the routing does not name were written"
-    if valid.any():
-        assert rel_err(out[valid], ref[valid]) < BF16_TOL, what
 
 
 def test_indexed_graph_1000_replays_with_fresh_routing():
@@ -77,8 +72,8 @@ def test_indexed_graph_1000_replays_with_fresh_routing():
         valid[: m * top_k] = True
         ref1 = reference.indexed_gemm_ref(x1, qa, None, new, top_k)
         ref2 = reference.indexed_gemm_ref(x2, qb, None, new, 1)
-        _check_rows(o1, ref1, valid, f"replay {i} gate_up m={m}")
-        _check_rows(o2, ref2, valid, f"replay {i} down m={m}")
+        check_rows(o1, ref1, valid, f"replay {i} gate_up m={m}")
+        check_rows(o2, ref2, valid, f"replay {i} down m={m}")
 
 
 def test_contiguous_graph_1000_replays_with_fresh_offsets():
@@ -109,8 +104,8 @@ def test_contiguous_graph_1000_replays_with_fresh_offsets():
         graph.replay()
         rows = int(off[-1])
         valid = torch.arange(rows_cap, device="cuda") < rows
-        _check_rows(o1, reference.contiguous_gemm_ref(x1, qa, None, offsets), valid, f"replay {i} gate_up")
-        _check_rows(o2, reference.contiguous_gemm_ref(x2, qb, None, offsets), valid, f"replay {i} down")
+        check_rows(o1, reference.contiguous_gemm_ref(x1, qa, None, offsets), valid, f"replay {i} gate_up")
+        check_rows(o2, reference.contiguous_gemm_ref(x2, qb, None, offsets), valid, f"replay {i} down")
 
 
 def test_masked_graph_1000_replays_with_fresh_counts():
@@ -138,8 +133,8 @@ def test_masked_graph_1000_replays_with_fresh_counts():
         valid = torch.arange(max_rows, device="cuda")[None, :] < counts[:, None]
         r1 = reference.masked_gemm_ref(x1, qa, None, counts)
         r2 = reference.masked_gemm_ref(x2, qb, None, counts)
-        _check_rows(o1, r1, valid, f"replay {i} gate_up")
-        _check_rows(o2, r2, valid, f"replay {i} down")
+        check_rows(o1, r1, valid, f"replay {i} gate_up")
+        check_rows(o2, r2, valid, f"replay {i} down")
 
 
 def test_split_k_on_two_streams_at_once():
