@@ -127,8 +127,20 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "policy", None, PLANNED, "06_split_and_stream_k", issue=6),
     Optimization("semi-static token slicing", "a static split of each expert's rows over CTAs instead of a queue",
                  "knob", None, PLANNED, "03_decode_operand_swap", issue=6),
-    Optimization("latency-tuned buffered-K", "about 512 K elements in flight for masked decode, up to 768",
-                 "knob", None, PLANNED, "05_grouped_contiguous_masked", issue=8),
+    Optimization("latency-tuned buffered-K",
+                 "grouped decode on the mma loop keeps about 512 K elements in flight per CTA (a ring of 8 stages "
+                 "of 64) at the most CTAs per SM whose ring fits in shared memory; 768 for 32-row masked blocks "
+                 "measured 11-12 % slower on the H200, so it is not used; off: the default ring of 4 stages",
+                 "policy", None, IMPLEMENTED, "05_grouped_contiguous_masked", rule="buffered_k"),
+    Optimization("uniform touched-experts estimate",
+                 "the heuristic sizes the tile grid from the experts a batch touches when its routes fall "
+                 "uniformly at random, E (1 - (1 - 1/E)^rows) (TP8 64 tokens: 282 of 384), so the wave and "
+                 "split-K rules see the tiles that launch; off: min(E, rows), as if routing were balanced",
+                 "policy", None, IMPLEMENTED, "04_wave_aware_bn", rule="touched_estimate"),
+    Optimization("raster on every wgmma tile",
+                 "the heuristic gives every wgmma schedule with more than one token tile raster 8 (8 token "
+                 "tiles, of one expert or of several, walk the N blocks together); off: launch order",
+                 "policy", None, IMPLEMENTED, "05_grouped_contiguous_masked", rule="wgmma_raster"),
 )
 
 BY_NAME = {o.name: o for o in OPTIMIZATIONS}

@@ -11,7 +11,8 @@ expert gives the schedule, which is then fitted to N (block_n must divide N).
 
 Without profile rows (``CHORD_POLICY=heuristic``, or ``select(..., policy="heuristic")``) the
 heuristic's selection rules decide alone (block_m from rows per expert, wave-aware BN, the
-split-K gate; ``POLICY_RULES``), each of which can be switched off for its ablation.
+split-K gate, the touched-experts estimate, raster on wgmma tiles, buffered-K for grouped
+decode; ``POLICY_RULES``), each of which can be switched off for its ablation.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from chord._env import flag
 from chord._resources import profiles_dir
@@ -621,7 +622,18 @@ POLICY_RULES = {
                      "the last one used), else 128; off: BN = 128",
     "split_k_gate": "split-K only when the tile grid fills less than half the CTA slots and K is long (>= 32 "
                     "K blocks): the largest split that fits the slots; off: never split",
+    "touched_estimate": "the experts a batch touches are estimated for routes spread uniformly at random, "
+                        "E (1 - (1 - 1/E)^rows) (TP8 64 tokens: 282 of 384 experts), which sizes the tile grid "
+                        "the wave and split-K rules see; off: min(E, rows), every expert touched once there are "
+                        "as many rows as experts (balanced routing)",
+    "wgmma_raster": "raster 8 on every wgmma schedule with more than one token tile: 8 token tiles (of one or "
+                    "several experts) walk the N blocks together, so their activations and weights are read "
+                    "from L2 once per group; off: launch order",
+    "buffered_k": "grouped decode on the mma loop keeps about 512 K elements in flight per CTA (a ring of 8 "
+                  "stages of 64) at the most CTAs per SM whose ring fits in shared memory (768 measured slower "
+                  "on 32-row masked blocks); off: the knob default ring, 4 stages (256 K elements)",
 }
+BUFFERED_K_ELEMS = 512  # K elements in flight per CTA for grouped decode (the buffered_k rule)
 SMS_H200 = 132
 SMEM_PER_SM = 228 * 1024
 WGMMA_MIN_ROWS_PER_EXPERT = 40  # rows per touched expert above which the heuristic takes wgmma
@@ -690,13 +702,26 @@ def current_policy() -> Policy:
         raise ValueError(f"CHORD_POLICY={text!r}: {exc}") from None
 
 
-def token_tiles(num_experts: int, rows: int, block_m: int) -> int:
-    """Token tiles of `rows` routed rows spread evenly over the experts they touch (all of them,
-    or one per row when there are fewer rows than experts: one TP8 token touches 8 of 384)."""
+def touched_experts(num_experts: int, rows: int, uniform: bool = True) -> float:
+    """Experts that `rows` routed rows touch: for routes spread uniformly at random the expected
+    count E (1 - (1 - 1/E)^rows) (TP8 64 tokens = 512 routes: ~282 of 384); with ``uniform=False``
+    balanced routing, min(E, rows). At least 1 for a non-empty batch."""
+    if rows <= 0:
+        return 0.0
+    if num_experts <= 0:
+        raise ValueError(f"num_experts must be positive, got {num_experts}")
+    if not uniform:
+        return float(min(num_experts, rows))
+    return max(1.0, num_experts * -math.expm1(rows * math.log1p(-1.0 / num_experts))) if num_experts > 1 else 1.0
+
+
+def token_tiles(num_experts: int, rows: int, block_m: int, touched: float | None = None) -> int:
+    """Token tiles of `rows` routed rows spread evenly over the experts they touch (`touched`,
+    default min(E, rows): all of them, or one per row when there are fewer rows than experts)."""
     if rows <= 0:
         return 0
-    active = min(num_experts, rows)
-    return active * math.ceil(rows / active / block_m)
+    active = touched if touched is not None else min(num_experts, rows)
+    return math.ceil(active) * math.ceil(rows / active / block_m)
 
 
 def waves(tiles: int, slots: int) -> tuple[int, float]:
@@ -707,12 +732,16 @@ def waves(tiles: int, slots: int) -> tuple[int, float]:
     return w, (tiles - (w - 1) * slots) / slots
 
 
-def _fitted(family: str, mainloop: str, bm: int, bn: int, n: int, **kw) -> Schedule | None:
+def _fitted(family: str, mainloop: str, bm: int, bn: int, n: int, depth: int | None = None,
+            **kw) -> Schedule | None:
     """The heuristic's schedule for one tile: the most CTAs per SM (2 then 1) whose registers fit,
     then the deepest ring that fits their shared memory (mma up to 8 stages, wgmma up to 5), fitted
-    to N; None when no such schedule is valid."""
-    for c in (2, 1):
-        for stages in range(8 if mainloop == "mma" else 5, 2, -1):
+    to N; None when no such schedule is valid. With `depth`: first a ring of exactly `depth`
+    stages at the most CTAs per SM that fit it, then the search above."""
+    plans: list[tuple[int, Sequence[int]]] = [(c, (depth,)) for c in (2, 1)] if depth else []
+    plans += [(c, range(8 if mainloop == "mma" else 5, 2, -1)) for c in (2, 1)]
+    for c, depths in plans:
+        for stages in depths:
             knobs = dict(block_m=bm, block_n=bn, warps=bn // 16 if mainloop == "wgmma" else 4, stages=stages,
                          ctas_per_sm=c, mainloop=mainloop, **kw)
             try:
@@ -745,10 +774,11 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     p, sms = problem, SMS_H200
     rows = _heuristic_rows(p.rows)
     kb = p.k // K_BLOCK
-    et = float(max(1, min(p.num_experts, rows)))  # touched experts: all, or one per row (balanced routing)
+    et = touched_experts(p.num_experts, rows, uniform=policy.on("touched_estimate"))
     rt = rows / et  # rows per touched expert
     mainloop = "wgmma" if rt > WGMMA_MIN_ROWS_PER_EXPERT else "mma"
-    why = [f"{rows} rows over ~{et:.0f} touched experts = {rt:.1f} rows each -> {mainloop}"]
+    how = "uniform routes" if policy.on("touched_estimate") else "touched_estimate off: min(E, rows)"
+    why = [f"{rows} rows over ~{et:.0f} touched experts ({how}) = {rt:.1f} rows each -> {mainloop}"]
     top = 256 if mainloop == "wgmma" else 128
     cands = tuple(b for b in (WGMMA_BLOCK_MS if mainloop == "wgmma" else (8, 16, 32, 64, 128)) if b <= top)
     if policy.on("tok_e_block_m"):
@@ -763,14 +793,22 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     else:
         bm = 128 if mainloop == "wgmma" else 16
         why.append(f"tok_e_block_m off: block_m {bm}")
-    m_tiles = max(1, token_tiles(p.num_experts, rows, bm))
+    m_tiles = max(1, token_tiles(p.num_experts, rows, bm, et))
 
     def tiles_of(s: Schedule) -> tuple[int, int]:
         return m_tiles * s.grid_n(p.n), sms * s.ctas_per_sm
 
+    depth = None
+    if mainloop == "mma" and p.family != "indexed":
+        if policy.on("buffered_k"):
+            depth = BUFFERED_K_ELEMS // K_BLOCK
+            why.append(f"buffered_k: a ring of {depth} stages ({BUFFERED_K_ELEMS} K elements in flight) where it fits")
+        else:
+            depth = KNOB["stages"].default
+            why.append(f"buffered_k off: a ring of {depth} stages ({depth * K_BLOCK} K elements in flight)")
     # BN = 256 needs (for wgmma) 16 warps whose registers hold block_m/2 accumulators each
-    s128 = _fitted(p.family, mainloop, bm, 128, p.n)
-    s256 = _fitted(p.family, mainloop, bm, 256, p.n) if p.n % 256 == 0 else None
+    s128 = _fitted(p.family, mainloop, bm, 128, p.n, depth)
+    s256 = _fitted(p.family, mainloop, bm, 256, p.n, depth) if p.n % 256 == 0 else None
     if s128 is None and s256 is None:  # the widest legal tile for a tall block_m
         raise ValueError(f"heuristic: no legal schedule for {p} with block_m {bm}")
     chosen = s128 or s256
@@ -787,9 +825,12 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
         why.append("wave_aware_bn off: BN 128" if not policy.on("wave_aware_bn") else "BN 128 (N has no 256 blocks)")
     extra: dict = {}
     tiles, slots = tiles_of(chosen)
-    if mainloop == "wgmma" and math.ceil(max(rt, 1.0) / bm) > 1:
-        extra["raster"] = 8
-        why.append("raster 8 (several token tiles per expert share its weights in L2)")
+    if mainloop == "wgmma" and m_tiles > 1:
+        if policy.on("wgmma_raster"):
+            extra["raster"] = 8
+            why.append(f"wgmma_raster: raster 8 ({m_tiles} token tiles walk the N blocks in groups of 8)")
+        else:
+            why.append("wgmma_raster off: launch order")
     if kb <= 8 and tiles >= 2 * slots:
         nt = 4 if tiles >= 4 * slots else 2
         extra["n_tiles"] = _fit_n_tiles(nt, p.n // chosen.block_n)

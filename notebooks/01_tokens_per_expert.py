@@ -66,9 +66,7 @@ figures.sweep_figure(rows, marker=row)
 # %%
 from chord.workbench import ablate
 
-LABELS = ["heuristic", "tok_e rule off", "profile"]
-VARIANTS = {"heuristic": ablate.policy("heuristic"), "tok_e rule off": ablate.policy("heuristic,-tok_e_block_m"),
-            "profile": ablate.policy("profile")}
+LABELS, VARIANTS = ablate.rule_variants("tok_e_block_m", "tok_e rule off")
 POINTS = [("ep8-decode-tok1", "indexed", "gate_up"), ("ep8-prefill-tok128", "indexed", "gate_up"),
           ("tp8-m4096", "indexed", "gate_up")]
 abl, where = ablate.ablation("01_tok_e_rule", POINTS, VARIANTS,

@@ -18,7 +18,8 @@
 # (int64 offsets, any alignment); **grouped_masked** reads `[E, max_rows, K]` with a count per
 # expert, and rows past an expert's count cost nothing. The **indexed** family consumes vLLM's
 # `moe_align_block_size` routing instead. The same main loops run all three; only the row source
-# differs (`csrc/moe/rows.cuh`). Masked decode's latency-tuned buffered-K is planned.
+# differs (`csrc/moe/rows.cuh`). Masked decode keeps a latency-tuned amount of K in flight
+# (buffered-K, measured below).
 
 # %% tags=["parameters"]
 QUICK = True
@@ -42,7 +43,8 @@ print("indexed   : sorted_ids", ind.sorted_ids[: int(ind.num_tokens_post_padded[
       "(blocks of 8, sentinel", ind.num_rows, ")")
 print("contiguous: expert_offsets", con.expert_offsets.tolist(), "rows", tuple(con.x.shape))
 print("masked    : expert_num_tokens", msk.expert_num_tokens.tolist(), "input", tuple(msk.x.shape))
-print(optimizations.BY_NAME["latency-tuned buffered-K"].status, "- latency-tuned buffered-K")
+print(optimizations.BY_NAME["latency-tuned buffered-K"].status, "- latency-tuned buffered-K:",
+      optimizations.BY_NAME["latency-tuned buffered-K"].what)
 
 # %% [markdown]
 # ## The families side by side (recorded H200 run)
@@ -65,8 +67,7 @@ for scen, fams in by.items():
 # ## Measured: the tile raster on the contiguous family
 # Groups of token tiles walk every N block before the next group, so an expert's weights are read
 # from HBM once per group; off: launch order. The profile's schedule and the same schedule with
-# `raster=0` (`chord.workbench.ablate`: live on an H200, else the committed table). Buffered-K
-# depth for the masked family is planned (`chord.optimizations`).
+# `raster=0` (`chord.workbench.ablate`: live on an H200, else the committed table).
 
 # %%
 from chord.workbench import ablate
@@ -77,6 +78,45 @@ POINTS = [("ep8-prefill-tok128", "grouped_contiguous", "gate_up"), ("ep8-prefill
 abl, where = ablate.ablation("05_raster", POINTS, VARIANTS, "tile raster on/off on the profile's contiguous schedules")
 print(where)
 print(ablate.table(abl, LABELS))
+
+# %% [markdown]
+# ## Measured: the heuristic's raster on every wgmma tile
+# The heuristic policy gives every wgmma schedule with more than one token tile raster 8, also
+# when each expert has one token tile (then 8 experts' tiles walk the N blocks together); off
+# (`heuristic,-wgmma_raster`): launch order. Next to it the tuned profile.
+
+# %%
+LABELS_R, VARIANTS_R = ablate.rule_variants("wgmma_raster", "raster rule off")
+POINTS_R = [("ep8-prefill-tok64", "grouped_contiguous", "gate_up"), ("ep8-prefill-tok128", "grouped_contiguous", "gate_up"),
+            ("ep8-prefill-tok128", "grouped_contiguous", "down"), ("ep8-prefill-tok256", "grouped_contiguous", "down")]
+abl_r, where_r = ablate.ablation("05_wgmma_raster", POINTS_R, VARIANTS_R,
+                                 "raster 8 on every wgmma tile on/off under the heuristic policy, and the profile")
+print(where_r)
+print(ablate.table(abl_r, LABELS_R))
+
+# %% [markdown]
+# ## Measured: latency-tuned buffered-K on masked decode
+# Grouped decode on the mma loop streams weights, so the ring depth sets how many bytes each CTA
+# keeps in flight against HBM latency. The heuristic's `buffered_k` rule asks for about 512 K
+# elements in flight per CTA (8 stages of 64) at the most CTAs per SM whose ring fits; off
+# (`heuristic,-buffered_k`): the knob default ring of 4 stages (256 K elements). DESIGN.md's
+# 768 for large masked blocks (12 stages at 32 rows per expert) measured 11-12 % slower than 8
+# stages on the H200 (docs/optimizations.md), so the rule does not use it. Next to it the tuned
+# profile.
+
+# %%
+LABELS_B, VARIANTS_B = ablate.rule_variants("buffered_k", "buffered-K off")
+POINTS_B = [(f"ep8-decode-tok{t}", "grouped_masked", g) for t in (1, 4, 12, 32) for g in ("gate_up", "down")]
+abl_b, where_b = ablate.ablation("05_buffered_k", POINTS_B, VARIANTS_B,
+                                 "buffered-K on/off under the heuristic policy on masked decode, and the profile")
+print(where_b)
+print(ablate.table(abl_b, LABELS_B))
+from chord.schedule import Schedule
+
+for r in ablate.schedules(POINTS_B[-2:], {"heuristic": VARIANTS_B["heuristic"]}):
+    s = Schedule.from_id(r["schedule"])
+    print(r["scenario"], r["gemm"], r["schedule"], f"{s.stages * 64} K elements in flight per CTA,",
+          f"{s.smem_bytes * s.ctas_per_sm // 1024} KB of shared memory per SM")
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
@@ -116,3 +156,7 @@ print("layouts agree on", rows, "routed rows")
 
 # the raster changes the launch order, never the arithmetic: bit-identical outputs
 assert abl and all(r["same_bits_as_first"] for r in abl if r["variant"] == "raster off"), abl
+assert abl_r and all(r["same_bits_as_first"] for r in abl_r if r["variant"] == "raster rule off"), abl_r
+# the ring depth changes when a K block is loaded, never the arithmetic: every variant of a masked
+# decode point agrees with the first to float rounding of the tile order at most
+assert abl_b and all(r["rel_err_vs_first"] < 1e-2 for r in abl_b), abl_b

@@ -84,11 +84,8 @@ figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n
 # %%
 from chord.workbench import ablate
 
-SK_LABELS = ["heuristic", "split-K gate off", "profile"]
-sk, where = ablate.ablation("06_split_k_gate", [(SCENARIO, "indexed", "gate_up")],
-                            {"heuristic": ablate.policy("heuristic"),
-                             "split-K gate off": ablate.policy("heuristic,-split_k_gate"),
-                             "profile": ablate.policy("profile")},
+SK_LABELS, SK_VARIANTS = ablate.rule_variants("split_k_gate", "split-K gate off")
+sk, where = ablate.ablation("06_split_k_gate", [(SCENARIO, "indexed", "gate_up")], SK_VARIANTS,
                             "split-K gate on/off under the heuristic policy, and the tuned profile")
 print(where)
 print(ablate.table(sk, SK_LABELS))

@@ -48,13 +48,46 @@ def test_heuristic_gives_a_valid_reasoned_schedule(sc, family, gemm):
     assert bm_off.block_m == (128 if bm_off.mainloop == "wgmma" else 16)
     assert select(prof, prob, "heuristic,-wave_aware_bn").block_n <= 128
     assert select(prof, prob, "heuristic,-split_k_gate").split_k == 1
+    assert select(prof, prob, "heuristic,-wgmma_raster").raster == 0
+    bk_off = select(prof, prob, "heuristic,-buffered_k")
+    assert bk_off.stages <= (4 if bk_off.mainloop == "mma" and prob.family != "indexed" else 8)
+    assert isinstance(select(prof, prob, "heuristic,-touched_estimate"), Schedule)
 
 
 def test_heuristic_rules_on_known_shapes():
-    # EP8 decode, 1 row per expert: 8-row tiles, BN 256 (768 tiles: 3 waves of 264 slots, 91 % last)
+    # EP8 decode, 48 rows over 48 experts: uniform routes touch ~31 experts, 8-row tiles, BN 128 (BN 256
+    # would be 496 tiles = 2 waves of 264 slots, the last 88 % full); counted as balanced (all 48 touched) BN 256 (768
+    # tiles: 3 waves, the last 91 % full)
     p = Problem("indexed", 48, 4096, 7168, 48, 8)
-    s = select(profile_for("indexed", 48, 4096, 7168), p, "heuristic")
+    prof = profile_for("indexed", 48, 4096, 7168)
+    s = select(prof, p, "heuristic")
+    assert (s.mainloop, s.block_m, s.block_n) == ("mma", 8, 128)
+    assert "~31 touched experts" in explain(prof, p, "heuristic").reason
+    s = select(prof, p, "heuristic,-touched_estimate")
     assert (s.mainloop, s.block_m, s.block_n) == ("mma", 8, 256)
+    # TP8 64 tokens (512 routes over 384 experts, ~282 touched): gate_up BN 128 (BN 256: 564 tiles, 2.1
+    # waves); counted as 384 touched experts BN 256 (768 tiles)
+    p = Problem("indexed", 384, 512, 7168, 64 * 8, 8)
+    prof = profile_for("indexed", 384, 512, 7168)
+    assert select(prof, p, "heuristic").block_n == 128
+    assert select(prof, p, "heuristic,-touched_estimate").block_n == 256
+    # masked decode: buffered-K keeps 512 K elements in flight (8 stages of 64) at 4 and at 32 rows per
+    # expert; off: the default ring of 4 stages
+    prof = profile_for("grouped_masked", 48, 4096, 7168)
+    for rows in (4, 32):
+        p = Problem("grouped_masked", 48, 4096, 7168, rows * 48)
+        s, off = select(prof, p, "heuristic"), select(prof, p, "heuristic,-buffered_k")
+        assert (s.mainloop, s.stages, off.stages) == ("mma", 8, 4), rows
+        assert s.ctas_per_sm * (s.smem_bytes + 1024) <= 228 * 1024
+        assert "buffered_k off: a ring of 4 stages" in explain(prof, p, "heuristic,-buffered_k").reason
+    # the indexed family is not a grouped decode: no buffered-K rule
+    p = Problem("indexed", 48, 4096, 7168, 32 * 48, 8)
+    assert "buffered_k" not in explain(profile_for("indexed", 48, 4096, 7168), p, "heuristic").reason
+    # prefill 64 rows per expert: one wgmma token tile per expert, still raster 8 (off: launch order)
+    p = Problem("grouped_contiguous", 48, 4096, 7168, 64 * 48)
+    prof = profile_for("grouped_contiguous", 48, 4096, 7168)
+    assert (select(prof, p, "heuristic").mainloop, select(prof, p, "heuristic").raster) == ("wgmma", 8)
+    assert select(prof, p, "heuristic,-wgmma_raster").raster == 0
     # TP8 one token: 8 experts x 4 N blocks fill 32 of 264 slots -> split-K
     p = Problem("indexed", 384, 512, 7168, 8, 8)
     s = select(profile_for("indexed", 384, 512, 7168), p, "heuristic")
@@ -98,5 +131,6 @@ def test_heuristic_one_decision_through_the_humming_root(monkeypatch):
 
 
 def test_rules_table_documents_every_rule():
-    assert set(POLICY_RULES) == {"tok_e_block_m", "wave_aware_bn", "split_k_gate"}
+    assert set(POLICY_RULES) == {"tok_e_block_m", "wave_aware_bn", "split_k_gate", "touched_estimate", "wgmma_raster",
+                                  "buffered_k"}
     assert all(" off: " in v for v in POLICY_RULES.values())

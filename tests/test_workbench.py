@@ -186,6 +186,21 @@ def test_ablation_variants_refuse_bad_names_at_once():
         ablate.knob_off("wave-aware BN")  # a policy rule: switched off with ablate.policy("heuristic,-...")
     with pytest.raises(ValueError, match="unknown rules"):
         ablate.policy("heuristic,-nope")
+    with pytest.raises(ValueError, match="ablate.rule_variants: rule must be one of"):
+        ablate.rule_variants("wave-aware BN", "off")  # the optimization's name, not its rule
+
+
+def test_rule_variants_are_heuristic_rule_off_and_profile():
+    from chord.schedule import Problem, select
+    from chord.workbench import ablate
+
+    labels, variants = ablate.rule_variants("touched_estimate", "balanced")
+    assert labels == ["heuristic", "balanced", "profile"] and list(variants) == labels
+    p = Problem("indexed", 384, 512, 7168, 64 * 8, 8)
+    prof = "h200:tp8"
+    assert variants["heuristic"](prof, p) == select(prof, p, "heuristic")
+    assert variants["balanced"](prof, p) == select(prof, p, "heuristic,-touched_estimate")
+    assert variants["profile"](prof, p) == select(prof, p, "profile")
 
 
 def test_ablate_refuses_a_mistyped_gemm_or_family():

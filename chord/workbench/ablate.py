@@ -22,6 +22,19 @@ def policy(text: str):
     return lambda prof, prob: select(prof, prob, pol)
 
 
+def rule_variants(rule: str, off_label: str) -> tuple[list[str], dict]:
+    """(labels, variants) of a heuristic rule's ablation: the heuristic policy, the same with
+    `rule` switched off (labelled `off_label`) and the tuned profile, in that order."""
+    from chord.schedule import POLICY_RULES
+
+    if rule not in POLICY_RULES:
+        raise ValueError(f"ablate.rule_variants: rule must be one of the heuristic's rules ({', '.join(POLICY_RULES)}), "
+                         f"got {rule!r}")
+    labels = ["heuristic", off_label, "profile"]
+    return labels, {"heuristic": policy("heuristic"), off_label: policy(f"heuristic,-{rule}"),
+                    "profile": policy("profile")}
+
+
 def knob_off(name: str):
     """Variant: the profile's schedule with the optimization `name` switched off (None when the
     schedule does not use it: that point has no such variant)."""
