@@ -19,6 +19,8 @@ from typing import Sequence
 
 
 def _add_bench(sub) -> None:
+    from chord.schedule import POLICY_RULES
+
     from chord.bench.suite import DEFAULT_SUITE, FAMILIES
 
     p = sub.add_parser("bench", help="time Chord's MoE GEMMs on a suite against the floors and against Humming",
@@ -47,7 +49,7 @@ def _add_bench(sub) -> None:
                    help="time eager calls instead of CUDA-graph replays (host/launch time then counts too)")
     p.add_argument("--policy", default=None,
                    help="selection policy: 'profile' (the tuned rules) or 'heuristic[,-rule...]' (no profile row; "
-                        "rules: tok_e_block_m, wave_aware_bn, split_k_gate). Default $CHORD_POLICY or profile")
+                        f"rules: {', '.join(POLICY_RULES)}). Default $CHORD_POLICY or profile")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -153,13 +155,25 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import torch
 
+    from chord import tune
+
+    if args.warmup_ms is None:
+        args.warmup_ms = tune.WARMUP_MS
+    try:
+        tune._check_timing_args("chord tune", args.rep_ms, args.warmup_ms)
+    except ValueError as exc:
+        print(f"{exc} (--rep-ms / --warmup-ms)", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("chord tune: no CUDA GPU here; tuning measures kernels on an sm_90 GPU, nothing to do.")
         return 2
-    from chord import tune
 
-    points = tune.tune_suite(args.suite, args.scenarios, args.families, profile_file=args.profile,
-                             rep_ms=args.rep_ms)
+    try:
+        points = tune.tune_suite(args.suite, args.scenarios, args.families, profile_file=args.profile,
+                                 rep_ms=args.rep_ms, warmup_ms=args.warmup_ms)
+    except ValueError as exc:
+        print(f"chord tune: {exc}", file=sys.stderr)
+        return 2
     ppath, rpath = tune.write_tuning(points, Path(args.out), profile_file=args.profile)
     faster = sum(p.best_us < p.default_us for p in points)
     print(f"chord tune: {len(points)} GEMM points, {faster} faster than the current profile; "
@@ -210,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--profile", default=None,
                     help="profile file to start from (profiles/<name>.json; default $CHORD_PROFILE or h200)")
     pt.add_argument("--rep-ms", type=float, default=25.0, help="do_bench rep per candidate (ms)")
+    pt.add_argument("--warmup-ms", type=float, default=None,
+                    help="do_bench warm-up per candidate (ms, default chord.tune.WARMUP_MS = 100): long enough "
+                         "for a compute-bound GEMM to reach the clock it sustains")
     pt.add_argument("--out", default="tune-out", help="output dir for <profile>.json and tuning.json")
     pt.set_defaults(func=_cmd_tune)
     from chord.bench.suite import FAMILIES

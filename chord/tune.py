@@ -34,7 +34,16 @@ SPLIT_TOL = 1e-3  # split-K / another main loop sum in another order: compared b
 # (m64nBTk16); 48/96/192 cut the padding where rows per expert sit between powers of two (TP8
 # m4096: 85 rows per expert)
 WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 features x >= 8 tokens) is not tried
-RASTERS = (0, 8)  # wgmma candidates at >= 64 rows per expert
+# wgmma rasters tried at every rows-per-expert (was: raster 8 from 64 rows per expert only). Where
+# the token tiles' activations overflow L2 a raster can pay (tp8-m1024: 8192 routed rows, 117 MB of
+# activations; gate_up 324 -> 311 us with raster 4 in one H200 run), but another machine's tune
+# ranked raster 4 behind no raster (362 vs 345 us): within the run-to-run spread, so the tune decides.
+RASTERS = (0, 4, 8)
+# (producer, CTAs per SM) of the wgmma candidates. The warp-specialized producer (producer=1) is
+# not a candidate: it timed 1.5-2.0x slower than the multistage loop at every prefill point of the
+# tuning runs of 2026-12-01 (e.g. ep8-prefill-tok512 gate_up m192n128 s4: 4467 vs 2305 us), so it
+# only cost tuning time; `chord.optimizations` keeps it as a knob for its ablation.
+PRODUCER_CTAS = ((0, 1), (0, 2))
 SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that walk several N blocks
 N_TILES = (2, 4)  # n_tiles candidates at short K
 
@@ -96,7 +105,7 @@ def candidates(family: str, n: int, rows_per_expert: float,
 
 def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops: tuple[str, ...]) -> list[Schedule]:
     out = []
-    rasters = RASTERS if rows_per_expert >= 64 else (0,)
+    rasters = RASTERS
     if "mma" in mainloops:
         for bm in block_m_candidates(rows_per_expert):
             for bn, warps in BN_WARPS:
@@ -125,7 +134,7 @@ def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops:
                     for raster in rasters:
                         # 2 CTAs/SM: one CTA's prologue and epilogue hide behind the other's
                         # main loop (short K: TP8 down has 4 K blocks); producer=1 needs 1.
-                        for producer, ctas in ((0, 1), (1, 1), (0, 2)):
+                        for producer, ctas in PRODUCER_CTAS:
                             try:
                                 s = Schedule(family, bm, bn, bn // 16, stages, ctas, mainloop="wgmma", raster=raster,
                                              producer=producer)
@@ -204,8 +213,28 @@ def tune_schedules(suite_path=None, scenario_ids: Iterable[str] | str | None = N
     return list(out.values())
 
 
+#: do_bench warm-up before each candidate is timed (ms). The GPU runs a compute-bound GEMM at a
+#: lower clock once its power draw has settled: ep8-prefill-tok512's contiguous gate_up took
+#: 1909 us with 10 ms of warm-up and 20 ms of timing and 2207 us over 2000 ms on the H200 (the
+#: bench's sustained state). A candidate timed cold is ranked by cycles; one timed after this
+#: warm-up nearer its sustained speed, where moving fewer bytes per MAC also counts.
+WARMUP_MS = 100.0
+
+
+def _check_timing_args(who: str, rep_ms: float, warmup_ms: float) -> None:
+    if isinstance(rep_ms, bool) or not isinstance(rep_ms, (int, float)) or not rep_ms > 0:
+        raise ValueError(f"{who}: rep_ms must be a positive number of milliseconds, got {rep_ms!r}")
+    if isinstance(warmup_ms, bool) or not isinstance(warmup_ms, (int, float)) or not warmup_ms >= 0:
+        raise ValueError(f"{who}: warmup_ms must be a non-negative number of milliseconds, got {warmup_ms!r}")
+
+
 def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None, families=None, *,
-               profile_file: str = "h200", rep_ms: float = 25.0, log=print) -> list[Point]:
+               profile_file: str = "h200", rep_ms: float = 25.0, warmup_ms: float = WARMUP_MS,
+               log=print) -> list[Point]:
+    """Times every candidate of each suite GEMM (do_bench median of a CUDA-graph replay after
+    `warmup_ms` of warm-up; see WARMUP_MS) against the profile's schedule, rejecting any whose
+    output disagrees; the fastest per GEMM (`pick_best`) is its Point."""
+    _check_timing_args("tune_suite", rep_ms, warmup_ms)
     import torch
 
     from chord import formats, jit
@@ -253,7 +282,7 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
                         rejected.append(s.id)
                         log(f"  REJECTED {s.id}: output differs from {default.id}")
                         continue
-                    timings[s.id] = bench(fn, warmup_ms=5, rep_ms=rep_ms, graph=True).p50
+                    timings[s.id] = bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, graph=True).p50
                 best_id = pick_best(timings)
                 pt = Point(dep, family, gemm, sc.id, sc.rows_per_expert, n, k, Schedule.from_id(best_id),
                            timings[best_id], default, timings[default.id], timings, rejected)
@@ -265,7 +294,7 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
 
 
 def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_ms: float = 50.0,
-                   suite_path=None, seed: int = 0) -> list[dict]:
+                   warmup_ms: float = WARMUP_MS, suite_path=None, seed: int = 0) -> list[dict]:
     """Time one suite GEMM under several schedules (the same inputs `chord tune` uses): for each,
     the do_bench median of a CUDA-graph replay and how its output compares with the first
     schedule's (bit-identical, or the relative error). Needs an sm_90 GPU.
@@ -278,6 +307,7 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
     from chord.bench import inputs as I
     from chord.testing import rel_err, same_bits
 
+    _check_timing_args("time_schedules", rep_ms, warmup_ms)
     scheds = [s if isinstance(s, Schedule) else Schedule.from_id(s) for s in schedules]
     if not scheds:
         raise ValueError("time_schedules: schedules must name at least one schedule")
@@ -290,7 +320,7 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
             continue
         first = None
         for s in scheds:
-            out, t = _run_and_time(make, s, rep_ms)
+            out, t = _run_and_time(make, s, rep_ms, warmup_ms)
             if first is None:
                 first = out.clone()
             valid = ~torch.isnan(first)
@@ -313,9 +343,9 @@ LAYOUT_GEMMS = (
 )
 
 
-def _run_and_time(make, s: Schedule, rep_ms: float):
+def _run_and_time(make, s: Schedule, rep_ms: float, warmup_ms: float = WARMUP_MS):
     """One call of `make(s)`'s GEMM into its NaN-poisoned output, then the do_bench median of its
-    CUDA-graph replay: (output, Timing)."""
+    CUDA-graph replay after `warmup_ms` of warm-up: (output, Timing)."""
     import torch
 
     from chord.bench.timing import bench
@@ -324,11 +354,11 @@ def _run_and_time(make, s: Schedule, rep_ms: float):
     out.fill_(float("nan"))
     fn()
     torch.cuda.synchronize()
-    return out, bench(fn, warmup_ms=10, rep_ms=rep_ms, graph=True)
+    return out, bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, graph=True)
 
 
-def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, repeats: int = 1, suite_path=None,
-                 seed: int = 0) -> list[dict]:
+def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, warmup_ms: float = WARMUP_MS, repeats: int = 1,
+                 suite_path=None, seed: int = 0) -> list[dict]:
     """Each GEMM's profile schedule on weights packed tile-grouped (G = 8, the layout) and
     tile-major (G = 1: CHORD_TILE_GROUP=1 while packing; chord.ops runs the kernel built for the
     weights' G), do_bench median of a CUDA-graph replay per repeat. Only where the bytes come from
@@ -345,8 +375,7 @@ def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, repeats: int = 1, 
         suite.scenario(scenario).gemm_problem(family, gemm)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"time_layouts: repeats must be a positive int, got {repeats!r}")
-    if not rep_ms > 0:
-        raise ValueError(f"time_layouts: rep_ms must be positive, got {rep_ms!r}")
+    _check_timing_args("time_layouts", rep_ms, warmup_ms)
     rows = []
     before = os.environ.get("CHORD_TILE_GROUP")
     try:
@@ -362,7 +391,7 @@ def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, repeats: int = 1, 
                     for g in (8, 1):  # interleaved, so drift over the run hits both alike
                         n, k, prob, make = calls[g][gemm]
                         s = select(profile_for(family, sc.experts, n, k), prob, "profile")
-                        out, t = _run_and_time(make, s, rep_ms)
+                        out, t = _run_and_time(make, s, rep_ms, warmup_ms)
                         first = firsts.setdefault(gemm, out.clone())
                         rows.append({"scenario": scenario, "family": family, "gemm": gemm, "schedule": s.id,
                                      "tile_group": g, "repeat": rep, "us": round(t.p50, 2),

@@ -38,3 +38,10 @@ def test_precompile_missing_nvcc(capsys, monkeypatch, tmp_path):
     rc, err = run(["precompile", "--quiet"], capsys)
     assert rc == 2 and "no-nvcc" in err
     jit.nvcc_version.cache_clear()
+
+
+def test_tune_refuses_bad_timing_flags_before_looking_for_a_gpu(capsys):
+    rc, err = run(["tune", "--warmup-ms", "-1"], capsys)
+    assert rc == 2 and "warmup_ms must be a non-negative number" in err and "--warmup-ms" in err
+    rc, err = run(["tune", "--rep-ms", "0"], capsys)
+    assert rc == 2 and "rep_ms must be a positive number" in err and "Traceback" not in err

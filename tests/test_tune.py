@@ -18,7 +18,11 @@ def test_candidates_are_valid_and_cover_block_m():
     # between powers of two: the covering tile, one smaller and one larger (TP8 m4096: 85 rows per expert)
     assert {s.block_m for s in tune.candidates("indexed", 512, 85.3) if s.mainloop == "wgmma"} == {64, 96, 128}
     assert not any(s.mainloop == "wgmma" for s in tune.candidates("indexed", 4096, 4.0))  # decode: mma only
-    assert {s.raster for s in tune.candidates("indexed", 4096, 256)} == {0, 8}
+    assert {s.raster for s in tune.candidates("indexed", 4096, 256)} == {0, 4, 8}
+    # a raster is tried below 64 rows per expert too (tp8-m1024: 21 rows, activations beyond L2)
+    assert {s.raster for s in tune.candidates("indexed", 512, 21.3) if s.mainloop == "wgmma"} == {0, 4, 8}
+    # the warp-specialized producer is not a tuning candidate (measured 1.5-2x slower)
+    assert not any(s.producer for s in tune.candidates("grouped_contiguous", 4096, 512))
     assert all(s.warps == s.block_n // 16 for s in tune.candidates("indexed", 4096, 256) if s.mainloop == "wgmma")
 
 
@@ -110,8 +114,10 @@ def test_time_layouts_refuses_bad_points_before_any_work():
         time_layouts([("tp8-m64", "grouped_masked", "gate_up")])
     with pytest.raises(ValueError, match="repeats must be a positive int"):
         time_layouts(LAYOUT_GEMMS, repeats=0)
-    with pytest.raises(ValueError, match="rep_ms must be positive"):
+    with pytest.raises(ValueError, match="rep_ms must be a positive number"):
         time_layouts(LAYOUT_GEMMS, rep_ms=0)
+    with pytest.raises(ValueError, match="warmup_ms must be a non-negative number"):
+        time_layouts(LAYOUT_GEMMS, warmup_ms=-1)
 
 
 def test_host_time_refuses_a_bad_call_count():
@@ -120,3 +126,15 @@ def test_host_time_refuses_a_bad_call_count():
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="^host_time: calls must be an int >= 1"):
             host_time(lambda: None, calls=bad)
+
+
+def test_timing_arguments_are_checked_before_any_gpu_work():
+    from chord.tune import WARMUP_MS, time_schedules, tune_suite
+
+    assert WARMUP_MS >= 50  # long enough for a compute-bound GEMM to leave its cold clock
+    with pytest.raises(ValueError, match="time_schedules: warmup_ms must be a non-negative number"):
+        time_schedules("ep8-decode-tok1", "indexed", "gate_up", ["idx-m8n256k64-w4-s8-c1"], warmup_ms=-5)
+    with pytest.raises(ValueError, match="time_schedules: rep_ms must be a positive number"):
+        time_schedules("ep8-decode-tok1", "indexed", "gate_up", ["idx-m8n256k64-w4-s8-c1"], rep_ms=True)
+    with pytest.raises(ValueError, match="tune_suite: warmup_ms"):
+        tune_suite(None, "ep8-decode-tok1", warmup_ms=float("nan"))

@@ -16,6 +16,8 @@ def main() -> None:
     ap.add_argument("--gemm", choices=("gate_up", "down"), default="gate_up")
     ap.add_argument("--schedule", action="append", default=[])
     ap.add_argument("--rep-ms", type=float, default=50.0)
+    ap.add_argument("--warmup-ms", type=float, default=None,
+                    help="do_bench warm-up per schedule (ms; default chord.tune.WARMUP_MS)")
     a = ap.parse_args()
 
     from chord import tune
@@ -25,7 +27,9 @@ def main() -> None:
     sc = load_suite().scenario(a.scenario)
     n, k, prob = sc.gemm_problem(a.family, a.gemm)
     default = select(profile_for(a.family, sc.experts, n, k), prob)
-    for r in tune.time_schedules(a.scenario, a.family, a.gemm, a.schedule or [default.id], rep_ms=a.rep_ms):
+    warm = tune.WARMUP_MS if a.warmup_ms is None else a.warmup_ms
+    for r in tune.time_schedules(a.scenario, a.family, a.gemm, a.schedule or [default.id], rep_ms=a.rep_ms,
+                                 warmup_ms=warm):
         same = "bit-identical" if r["same_bits"] else f"rel_err {r['rel_err']:.1e}"
         print(f"{r['scenario']} {r['family']} {r['gemm']} {r['schedule']:45s} {r['us']:9.1f} us  ({same} vs first)",
               flush=True)
