@@ -1,0 +1,82 @@
+"""tools/device_cache.py on CPU: what it collects for a GPU session's kernel cache, and the packing."""
+import importlib.util
+import tarfile
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "device_cache.py"
+
+
+@pytest.fixture(scope="module")
+def tool():
+    spec = importlib.util.spec_from_file_location("device_cache", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def collected(tool):
+    return tool.collect(tests=True)
+
+
+def test_collects_the_profile_every_policy_and_the_gpu_tests(tool, collected):
+    import sys
+
+    from chord import optimizations
+    from chord.bench.suite import load_suite
+    from chord.schedule import POLICY_RULES, select
+    from chord.testing import profile_rule_schedules
+
+    for s in profile_rule_schedules(tool.TEST_NS):
+        assert s.id in collected
+        assert all(off.id in collected for off in optimizations.ablations(s).values())
+    sc = load_suite().scenario("tp8-m64")
+    _, _, prob = sc.gemm_problem("indexed", "gate_up")
+    for pol in ["heuristic", "batch_invariant", *(f"heuristic,-{r}" for r in POLICY_RULES)]:
+        assert select("h200:tp8", prob, pol).id in collected, pol
+    sys.path.insert(0, str(TOOL.parents[1] / "tests" / "gpu"))
+    try:
+        from test_fuzz_gpu import fuzz_pool
+    finally:
+        sys.path.pop(0)
+    assert {s.id for s in fuzz_pool("grouped_masked")} <= set(collected)
+    assert "gmsk-m8n256k64-w4-s8-c1" in collected  # the decode profile's masked gate_up
+
+
+def test_no_tests_and_tune_change_the_set(tool, collected):
+    small = tool.collect(tests=False)
+    assert set(small) < set(collected)
+    from chord import tune
+
+    tuned = tool.collect(tests=False, tune_scenarios="tp8-m1")
+    assert {s.id for s in tune.tune_schedules(None, "tp8-m1")} <= set(tuned)
+
+
+def test_pack_takes_the_cubins_with_their_logs_and_digests(tool, tmp_path):
+    d = tmp_path / "cache" / "cubin"
+    d.mkdir(parents=True)
+    for name in ("a-1", "b-2", "stale-3"):
+        for ext in (".cubin", ".log", ".sha256"):
+            (d / f"{name}{ext}").write_text(name)
+    (d / "cubin.lock").write_text("")
+    out = tmp_path / "out" / "c.tar.xz"
+    assert tool.pack([d / "a-1.cubin", d / "b-2.cubin", d / "a-1.cubin"], out) == 2
+    with tarfile.open(out) as tar:
+        names = sorted(tar.getnames())
+    assert names == sorted(f"cubin/{n}{e}" for n in ("a-1", "b-2") for e in (".cubin", ".log", ".sha256"))
+    with pytest.raises(SystemExit, match="nothing to pack"):
+        tool.pack([], out)
+
+
+def test_command_line(tool, capsys):
+    assert tool.main(["--list", "--no-tests"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert ids == sorted(ids) and "gmsk-m8n256k64-w4-s8-c1" in ids
+    with pytest.raises(SystemExit):
+        tool.main(["--jobs", "0", "--list"])
+    assert "--jobs must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tool.main(["--tune", "no-such-scenario", "--list"])
+    assert "unknown scenario 'no-such-scenario'" in capsys.readouterr().err

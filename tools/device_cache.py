@@ -1,0 +1,146 @@
+"""Build, on a machine without a GPU, the kernel cache a GPU session needs, and pack it to carry.
+
+The GPU machine compiles a missing kernel itself, but its minutes are scarce, so a session
+builds here (same nvcc) every kernel its runs can launch and carries the cache as one file:
+
+    python tools/device_cache.py --out .cache/device.tar.xz [--tune ep8-decode-tok32,tp8-m1024]
+    # on the GPU machine: mkdir -p $CHORD_CACHE_DIR && tar -xf .cache/device.tar.xz -C $CHORD_CACHE_DIR
+
+What it collects (deduplicated, each with its `chord.optimizations` ablations where the GPU tests
+or notebooks switch knobs off):
+
+* every schedule a profile rule gives, fitted to each N of the suite and of the GPU tests;
+* the decision for every suite GEMM under the profile, the heuristic, each heuristic rule off
+  and the batch-invariant policy (what `chord bench --policy`, the notebooks' ablations and
+  vLLM's tuning rows select);
+* the schedules named in the committed notebook tables (`notebooks/data/*.csv`);
+* with ``--tests`` (default on): the fuzz pools of `tests/gpu/test_fuzz_gpu.py`, the sanitizer's
+  cases (`tools/sanitize_cases.py`) and every schedule id written in `tests/gpu` and `tools`;
+* with ``--tune SCENARIOS``: every candidate `chord tune` would time there.
+
+Cubins are built into $CHORD_CACHE_DIR (or ``--cache-dir``); a cached one is reused (and its SASS
+check recorded if it lacked one). Only the collected schedules' cubins are packed, so stale ones
+(other headers) stay home. ``--list`` prints the schedule ids and builds nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_NS = (256, 512, 2048, 4096, 7168)  # N of the GPU tests and of the suite's GEMMs
+_ID = re.compile(r"['\"]((?:idx|gcon|gmsk)-m\d+n\d+k64(?:-[a-z]+\d*)*)['\"]")
+
+
+def collect(tests: bool = True, tune_scenarios: str | None = None) -> dict:
+    """{schedule id: Schedule} of everything listed in the module docstring."""
+    from chord import optimizations
+    from chord.bench.suite import load_suite
+    from chord.schedule import POLICY_RULES, Schedule, select
+    from chord.testing import profile_rule_schedules
+
+    out: dict = {}
+
+    def add(s, with_ablations: bool = True) -> None:
+        if s is None:
+            return
+        out.setdefault(s.id, s)
+        if with_ablations:
+            for off in optimizations.ablations(s).values():
+                out.setdefault(off.id, off)
+
+    for s in profile_rule_schedules(TEST_NS):
+        add(s)
+    policies = ["profile", "heuristic", "batch_invariant"] + [f"heuristic,-{r}" for r in POLICY_RULES]
+    for sc in load_suite().scenarios:
+        for fam in sc.families:
+            for gemm in ("gate_up", "down"):
+                _, _, prob = sc.gemm_problem(fam, gemm)
+                for pol in policies:
+                    add(select(f"h200:{sc.profile_deployment}", prob, pol))
+    for f in sorted((ROOT / "notebooks" / "data").glob("*.csv")):
+        rows = (line for line in f.read_text().splitlines() if not line.startswith("#"))
+        for row in csv.DictReader(rows):
+            if row.get("schedule"):
+                add(Schedule.from_id(row["schedule"]), with_ablations=False)
+    if tests:
+        sys.path[:0] = [str(ROOT / "tests" / "gpu"), str(ROOT / "tools")]
+        try:
+            import sanitize_cases
+            from test_fuzz_gpu import fuzz_pool
+        finally:
+            del sys.path[:2]
+        for fam in ("indexed", "grouped_contiguous", "grouped_masked"):
+            for s in fuzz_pool(fam):
+                add(s, with_ablations=False)
+            for s in sanitize_cases.schedules(fam, False):
+                add(s, with_ablations=False)
+        for f in sorted([*(ROOT / "tests" / "gpu").glob("*.py"), *(ROOT / "tools").glob("*.py")]):
+            for sid in _ID.findall(f.read_text()):
+                add(Schedule.from_id(sid), with_ablations=False)
+    if tune_scenarios:
+        from chord import tune
+
+        for s in tune.tune_schedules(None, tune_scenarios):
+            add(s, with_ablations=False)
+    return out
+
+
+def pack(cubins, out: Path) -> int:
+    """Writes `out` (tar.xz) with these cubins and their build logs and digests, under the cache's
+    `cubin/` folder; returns the number of cubins in it. Stale cubins of the same cache (built
+    from other headers) stay out."""
+    cubins = sorted({Path(c) for c in cubins})
+    if not cubins:
+        raise SystemExit("device_cache: nothing to pack (no kernel was built)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:xz") as tar:
+        for c in cubins:
+            for p in (c, c.with_suffix(".log"), c.with_suffix(".sha256")):
+                if p.exists():
+                    tar.add(p, arcname=f"cubin/{p.name}")
+    return len(cubins)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "device.tar.xz",
+                    help="the packed cache to carry (default .cache/device.tar.xz)")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="kernel cache to build into (default $CHORD_CACHE_DIR)")
+    ap.add_argument("--no-tests", action="store_true", help="leave out the GPU tests' fuzz and sanitizer schedules")
+    ap.add_argument("--tune", default=None, metavar="SCENARIOS",
+                    help="also every candidate chord tune times on these comma-separated scenarios")
+    ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+    ap.add_argument("--list", action="store_true", help="print the schedule ids and build nothing")
+    a = ap.parse_args(argv)
+    if a.jobs is not None and a.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {a.jobs}")
+    if a.cache_dir is not None:
+        os.environ["CHORD_CACHE_DIR"] = str(a.cache_dir)
+    try:
+        scheds = collect(tests=not a.no_tests, tune_scenarios=a.tune)
+    except ValueError as exc:  # e.g. an unknown scenario id in --tune
+        ap.error(str(exc))
+    if a.list:
+        print("\n".join(sorted(scheds)))
+        return 0
+    from chord import jit
+
+    t = time.time()
+    res = jit.precompile(list(scheds.values()), progress=False, jobs=a.jobs)
+    spills = [r for r in res if r.spill_bytes]
+    n = pack([r.cubin for r in res], a.out)
+    print(f"device_cache: {len(res)} schedules built or found in {time.time() - t:.0f} s ({len(spills)} with "
+          f"register spills); "
+          f"{n} cubins packed into {a.out} ({a.out.stat().st_size / 2**20:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
