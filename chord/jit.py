@@ -176,8 +176,8 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         else:
             warnings.warn(f"chord: cached kernel {cubin} is damaged (not an ELF image, or its bytes differ from the "
                           "digest written with it); rebuilding it", RuntimeWarning, stacklevel=2)
-        with contextlib.suppress(OSError):
-            cubin.unlink()
+        # Not unlinked: the rebuild below publishes its files over these under the exclusive lock,
+        # while an unlink here (unlocked) could delete a good cubin another process just published.
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -332,6 +332,7 @@ def _sass_odd_descriptors(cubin: Path, stacklevel: int = 4) -> list[str] | None:
 _SASS_CHECKED = "chord: SASS checked (cuobjdump): no 64-bit memory descriptor in an odd uniform register"
 _sass_rechecked: set[str] = set()  # cached cubins (paths) this process checked, or could not check
 _sass_no_tool_warned = False
+_sass_record_warned = False  # a cache that cannot take the record: said once per process
 
 
 def _with_sass_record(log: str) -> str:
@@ -383,8 +384,15 @@ def _record_sass_check(cubin: Path, digest: str, log: str) -> str:
                 os.replace(staged, log_path)
             return log_path.read_text()
     except (OSError, JitError):
+        global _sass_record_warned
         with contextlib.suppress(OSError):
             staged.unlink()
+        if not _sass_record_warned:
+            _sass_record_warned = True
+            warnings.warn(f"chord: the kernel cache {cubin.parent} cannot record SASS checks (read-only?): cached "
+                          "kernels built without the record are checked again by every process that loads them "
+                          "(~0.3 s each); rebuild or re-pack the cache where it is writable (tools/device_cache.py)",
+                          RuntimeWarning, stacklevel=4)
         return _with_sass_record(log)
 
 
@@ -408,7 +416,33 @@ def build_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> BuildResult
     if isinstance(tile_group_cap, bool) or tile_group_cap not in TILE_GROUPS:
         raise ValueError(f"build_schedule: tile_group_cap must be 1, 2, 4 or 8, got {tile_group_cap!r}")
     flags = () if tile_group_cap == 8 else (f"-DCHORD_TILE_GROUP_LOG={tile_group_cap.bit_length() - 1}",)
+    _record_kernel(schedule, tile_group_cap)
     return build(render(schedule), name=schedule.id, extra_flags=flags)
+
+
+RECORD_ENV = "CHORD_RECORD_KERNELS"  # a file: every kernel built or loaded is appended as "<id> <cap>"
+_recorded: set = set()
+_record_lock = threading.Lock()
+
+
+def _record_kernel(schedule: "Schedule", tile_group_cap: int) -> None:
+    """With $CHORD_RECORD_KERNELS set, append "<schedule id> <tile group cap>" to that file once per
+    process and kernel (one O_APPEND write per line, so processes may share the file): the list
+    of kernels a run needed, which `tools/device_cache.py --record` builds ahead next time."""
+    path = os.environ.get(RECORD_ENV)
+    key = (schedule.id, tile_group_cap)
+    if not path:
+        return
+    with _record_lock:
+        if key in _recorded:
+            return
+        _recorded.add(key)
+    try:
+        with open(path, "a") as f:
+            f.write(f"{schedule.id} {tile_group_cap}\n")
+    except OSError as exc:
+        warnings.warn(f"chord: {RECORD_ENV}={path!r} cannot be written ({exc.strerror}); the kernel is built "
+                      "but not recorded", RuntimeWarning, stacklevel=3)
 
 
 def precompile(schedules: Iterable["Schedule"], progress: bool = True, jobs: int | None = None) -> list[BuildResult]:

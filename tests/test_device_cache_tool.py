@@ -80,3 +80,41 @@ def test_command_line(tool, capsys):
     with pytest.raises(SystemExit):
         tool.main(["--tune", "no-such-scenario", "--list"])
     assert "unknown scenario 'no-such-scenario'" in capsys.readouterr().err
+
+
+def test_a_record_of_a_gpu_run_adds_its_kernels(tool, tmp_path, capsys):
+    rec = tmp_path / "kernels.txt"
+    rec.write_text("# kernels of a GPU run\nidx-m16n256k64-w4-s4-c1 8\nidx-m8n64k64-w4-s8-c1-sk2 8\n"
+                   "gmsk-m8n256k64-w4-s8-c1 1\nidx-m16n256k64-w4-s4-c1 8\n")
+    assert tool.read_record(rec) == [("idx-m16n256k64-w4-s4-c1", 8), ("idx-m8n64k64-w4-s8-c1-sk2", 8),
+                                     ("gmsk-m8n256k64-w4-s8-c1", 1)]
+    assert tool.main(["--list", "--no-tests", "--record", str(rec)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert {"idx-m16n256k64-w4-s4-c1", "idx-m8n64k64-w4-s8-c1-sk2", "gmsk-m8n256k64-w4-s8-c1 1"} <= set(lines)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("idx-m16n256k64-w4-s4-c1 8\nidx-m16n256k64-w4-s4-c1 3\n")
+    with pytest.raises(ValueError, match=r"bad.txt:2: .*tile group cap"):
+        tool.read_record(bad)
+    with pytest.raises(SystemExit):
+        tool.main(["--list", "--record", str(bad)])
+    assert "bad.txt:2" in capsys.readouterr().err
+
+
+def test_chord_jit_records_each_kernel_once(tmp_path, monkeypatch):
+    from chord import jit
+    from chord.schedule import Schedule
+
+    rec = tmp_path / "rec.txt"
+    monkeypatch.setenv(jit.RECORD_ENV, str(rec))
+    monkeypatch.setattr(jit, "_recorded", set())
+    s = Schedule.from_id("idx-m16n256k64-w4-s4-c1")
+    for _ in range(3):
+        jit._record_kernel(s, 8)
+    jit._record_kernel(s, 1)
+    assert rec.read_text().splitlines() == ["idx-m16n256k64-w4-s4-c1 8", "idx-m16n256k64-w4-s4-c1 1"]
+    monkeypatch.delenv(jit.RECORD_ENV)
+    jit._record_kernel(Schedule.from_id("idx-m8n64k64-w4-s8-c1"), 8)  # unset: nothing written
+    assert len(rec.read_text().splitlines()) == 2
+    monkeypatch.setenv(jit.RECORD_ENV, str(tmp_path / "no-such-dir" / "rec.txt"))
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        jit._record_kernel(Schedule.from_id("idx-m8n64k64-w4-s8-c2"), 8)

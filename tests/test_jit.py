@@ -217,6 +217,7 @@ def fake_toolchain(tmp_path, monkeypatch):
         def new_process() -> None:
             jit._sass_rechecked.clear()
             jit._sass_no_tool_warned = False
+            jit._sass_record_warned = False
 
     return Tools
 
@@ -278,6 +279,33 @@ def test_a_clean_unchecked_cubin_is_checked_once_and_the_check_recorded(fake_too
     jit.build("clean\n", name="clean")
     jit.build("clean\n", name="clean")
     assert tools.calls() == 2
+
+
+def test_a_cache_that_cannot_take_the_record_says_so_once(fake_toolchain, monkeypatch):
+    import contextlib
+    import warnings
+
+    tools = fake_toolchain
+    _unchecked_build(tools, "ro-a\n", "ro_a")
+    _unchecked_build(tools, "ro-b\n", "ro_b")
+    tools.new_process()
+    real = jit._cache_lock
+
+    @contextlib.contextmanager
+    def read_only(shared):
+        if not shared:
+            raise jit.JitError("kernel cache lock cannot be opened (Read-only file system)")
+        with real(shared=True):
+            yield
+
+    monkeypatch.setattr(jit, "_cache_lock", read_only)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        a, b = jit.build("ro-a\n", name="ro_a"), jit.build("ro-b\n", name="ro_b")
+    assert a.cached and b.cached and jit._SASS_CHECKED in a.log
+    said = [str(w.message) for w in seen if "cannot record SASS checks" in str(w.message)]
+    assert len(said) == 1 and "tools/device_cache.py" in said[0], [str(w.message) for w in seen]
+    assert jit._SASS_CHECKED not in a.cubin.with_suffix(".log").read_text()
 
 
 def test_without_cuobjdump_unchecked_cubins_are_used_with_one_warning(fake_toolchain):

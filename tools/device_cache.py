@@ -16,7 +16,13 @@ or notebooks switch knobs off):
 * the schedules named in the committed notebook tables (`notebooks/data/*.csv`);
 * with ``--tests`` (default on): the fuzz pools of `tests/gpu/test_fuzz_gpu.py`, the sanitizer's
   cases (`tools/sanitize_cases.py`) and every schedule id written in `tests/gpu` and `tools`;
-* with ``--tune SCENARIOS``: every candidate `chord tune` would time there.
+* with ``--tune SCENARIOS``: every candidate `chord tune` would time there;
+* every kernel of a record (``--record FILE``, default `tools/device_kernels.txt` when it
+  exists): the "<schedule id> <tile group cap>" lines a GPU run writes with
+  ``CHORD_RECORD_KERNELS=FILE`` set (`chord.jit`). Most GPU tests build their schedules in code
+  (overrides of a base tile, split-K and n_tiles variants, the layout ablation's G = 1 kernels),
+  which only a record of a run names; a session that runs the GPU tests with the variable set
+  and commits the file as `tools/device_kernels.txt` lets the next one build all of them here.
 
 Cubins are built into $CHORD_CACHE_DIR (or ``--cache-dir``); a cached one is reused (and its SASS
 check recorded if it lacked one). Only the collected schedules' cubins are packed, so stale ones
@@ -38,13 +44,40 @@ TEST_NS = (256, 512, 2048, 4096, 7168)  # N of the GPU tests and of the suite's 
 _ID = re.compile(r"['\"]((?:idx|gcon|gmsk)-m\d+n\d+k64(?:-[a-z]+\d*)*)['\"]")
 
 
-def collect(tests: bool = True, tune_scenarios: str | None = None) -> dict:
-    """{schedule id: Schedule} of everything listed in the module docstring."""
+DEFAULT_RECORD = ROOT / "tools" / "device_kernels.txt"
+
+
+def read_record(path: Path) -> list[tuple[str, int]]:
+    """The (schedule id, tile group cap) pairs of a CHORD_RECORD_KERNELS file, in order, once each;
+    a malformed line is refused with its number."""
+    from chord.jit import TILE_GROUPS
+    from chord.schedule import Schedule
+
+    out: dict = {}
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split()
+        try:
+            sid, cap = parts[0], int(parts[1]) if len(parts) > 1 else 8
+            if len(parts) > 2 or cap not in TILE_GROUPS:
+                raise ValueError(f"expected '<schedule id> <tile group cap in {TILE_GROUPS}>'")
+            Schedule.from_id(sid)
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"{path}:{i}: {line!r}: {exc}") from None
+        out.setdefault((sid, cap), None)
+    return list(out)
+
+
+def collect(tests: bool = True, tune_scenarios: str | None = None, profile: str | None = None) -> dict:
+    """{schedule id: Schedule} of everything listed in the module docstring except the record
+    (profile: the profile file's name, default chord.schedule.gpu_profile_name())."""
     from chord import optimizations
     from chord.bench.suite import load_suite
-    from chord.schedule import POLICY_RULES, Schedule, select
+    from chord.schedule import POLICY_RULES, Schedule, gpu_profile_name, select
     from chord.testing import profile_rule_schedules
 
+    profile = profile or gpu_profile_name()
     out: dict = {}
 
     def add(s, with_ablations: bool = True) -> None:
@@ -55,7 +88,7 @@ def collect(tests: bool = True, tune_scenarios: str | None = None) -> dict:
             for off in optimizations.ablations(s).values():
                 out.setdefault(off.id, off)
 
-    for s in profile_rule_schedules(TEST_NS):
+    for s in profile_rule_schedules(TEST_NS, profile_file=profile):
         add(s)
     policies = ["profile", "heuristic", "batch_invariant"] + [f"heuristic,-{r}" for r in POLICY_RULES]
     for sc in load_suite().scenarios:
@@ -63,7 +96,7 @@ def collect(tests: bool = True, tune_scenarios: str | None = None) -> dict:
             for gemm in ("gate_up", "down"):
                 _, _, prob = sc.gemm_problem(fam, gemm)
                 for pol in policies:
-                    add(select(f"h200:{sc.profile_deployment}", prob, pol))
+                    add(select(f"{profile}:{sc.profile_deployment}", prob, pol))
     for f in sorted((ROOT / "notebooks" / "data").glob("*.csv")):
         rows = (line for line in f.read_text().splitlines() if not line.startswith("#"))
         for row in csv.DictReader(rows):
@@ -87,7 +120,7 @@ def collect(tests: bool = True, tune_scenarios: str | None = None) -> dict:
     if tune_scenarios:
         from chord import tune
 
-        for s in tune.tune_schedules(None, tune_scenarios):
+        for s in tune.tune_schedules(None, tune_scenarios, profile_file=profile):
             add(s, with_ablations=False)
     return out
 
@@ -116,6 +149,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tests", action="store_true", help="leave out the GPU tests' fuzz and sanitizer schedules")
     ap.add_argument("--tune", default=None, metavar="SCENARIOS",
                     help="also every candidate chord tune times on these comma-separated scenarios")
+    ap.add_argument("--record", type=Path, action="append", default=None,
+                    help="a CHORD_RECORD_KERNELS file of a GPU run (repeatable; default tools/device_kernels.txt "
+                         "when it exists)")
+    ap.add_argument("--profile", default=None, help="profile file (default $CHORD_PROFILE or h200)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     ap.add_argument("--list", action="store_true", help="print the schedule ids and build nothing")
     a = ap.parse_args(argv)
@@ -123,17 +160,27 @@ def main(argv=None) -> int:
         ap.error(f"--jobs must be >= 1, got {a.jobs}")
     if a.cache_dir is not None:
         os.environ["CHORD_CACHE_DIR"] = str(a.cache_dir)
+    records = a.record if a.record is not None else ([DEFAULT_RECORD] if DEFAULT_RECORD.exists() else [])
     try:
-        scheds = collect(tests=not a.no_tests, tune_scenarios=a.tune)
-    except ValueError as exc:  # e.g. an unknown scenario id in --tune
+        scheds = collect(tests=not a.no_tests, tune_scenarios=a.tune, profile=a.profile)
+        pairs = [(sid, cap) for r in records for sid, cap in read_record(r)]
+    except (ValueError, FileNotFoundError) as exc:  # an unknown scenario or profile, a bad record
         ap.error(str(exc))
-    if a.list:
-        print("\n".join(sorted(scheds)))
+    from chord.schedule import Schedule
+
+    extra = [(Schedule.from_id(sid), cap) for sid, cap in dict.fromkeys(pairs)
+             if cap != 8 or sid not in scheds]
+    if a.list:  # one line per kernel: the schedule id, and the tile group cap when it is not 8
+        print("\n".join(sorted(set(scheds) | {s.id if cap == 8 else f"{s.id} {cap}" for s, cap in extra})))
         return 0
+    from concurrent.futures import ThreadPoolExecutor
+
     from chord import jit
 
     t = time.time()
     res = jit.precompile(list(scheds.values()), progress=False, jobs=a.jobs)
+    with ThreadPoolExecutor(max_workers=a.jobs or os.cpu_count() or 1) as pool:
+        res += list(pool.map(lambda sc: jit.build_schedule(*sc), extra))
     spills = [r for r in res if r.spill_bytes]
     n = pack([r.cubin for r in res], a.out)
     print(f"device_cache: {len(res)} schedules built or found in {time.time() - t:.0f} s ({len(spills)} with "
