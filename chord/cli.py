@@ -168,12 +168,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print("chord tune: no CUDA GPU here; tuning measures kernels on an sm_90 GPU, nothing to do.")
         return 2
 
-    try:
-        points = tune.tune_suite(args.suite, args.scenarios, args.families, profile_file=args.profile,
-                                 rep_ms=args.rep_ms, warmup_ms=args.warmup_ms)
-    except ValueError as exc:
+    from chord.bench.suite import load_suite
+
+    try:  # the arguments, before any GPU work (an error inside the tuning keeps its traceback)
+        load_suite(args.suite).select(args.scenarios, args.families)
+    except (ValueError, OSError) as exc:
         print(f"chord tune: {exc}", file=sys.stderr)
         return 2
+    points = tune.tune_suite(args.suite, args.scenarios, args.families, profile_file=args.profile,
+                             rep_ms=args.rep_ms, warmup_ms=args.warmup_ms)
     ppath, rpath = tune.write_tuning(points, Path(args.out), profile_file=args.profile)
     faster = sum(p.best_us < p.default_us for p in points)
     print(f"chord tune: {len(points)} GEMM points, {faster} faster than the current profile; "

@@ -101,8 +101,9 @@ print(ablate.table(abl_r, LABELS_R))
 # elements in flight per CTA (8 stages of 64) at the most CTAs per SM whose ring fits; off
 # (`heuristic,-buffered_k`): the knob default ring of 4 stages (256 K elements). DESIGN.md's
 # 768 for large masked blocks (12 stages at 32 rows per expert) measured 11-12 % slower than 8
-# stages on the H200 (docs/optimizations.md), so the rule does not use it. Next to it the tuned
-# profile.
+# stages on the H200 (docs/optimizations.md), so the rule does not use it. The 8 stages are what
+# the heuristic chose before the rule existed; against 4 stages they measure within 3 % either
+# way. Next to it the tuned profile.
 
 # %%
 LABELS_B, VARIANTS_B = ablate.rule_variants("buffered_k", "buffered-K off")
@@ -157,6 +158,7 @@ print("layouts agree on", rows, "routed rows")
 # the raster changes the launch order, never the arithmetic: bit-identical outputs
 assert abl and all(r["same_bits_as_first"] for r in abl if r["variant"] == "raster off"), abl
 assert abl_r and all(r["same_bits_as_first"] for r in abl_r if r["variant"] == "raster rule off"), abl_r
-# the ring depth changes when a K block is loaded, never the arithmetic: every variant of a masked
-# decode point agrees with the first to float rounding of the tile order at most
-assert abl_b and all(r["rel_err_vs_first"] < 1e-2 for r in abl_b), abl_b
+# the ring depth changes when a K block is loaded, never the arithmetic: the 4-stage ring gives the
+# 8-stage ring's bits (the profile's tile may differ in BN or main loop: rounding only)
+assert abl_b and all(r["same_bits_as_first"] for r in abl_b if r["variant"] == "buffered-K off"), abl_b
+assert all(r["rel_err_vs_first"] < 1e-2 for r in abl_b), abl_b

@@ -138,3 +138,5 @@ def test_timing_arguments_are_checked_before_any_gpu_work():
         time_schedules("ep8-decode-tok1", "indexed", "gate_up", ["idx-m8n256k64-w4-s8-c1"], rep_ms=True)
     with pytest.raises(ValueError, match="tune_suite: warmup_ms"):
         tune_suite(None, "ep8-decode-tok1", warmup_ms=float("nan"))
+    with pytest.raises(ValueError, match="rep_ms must be a positive number"):
+        time_schedules("ep8-decode-tok1", "indexed", "gate_up", ["idx-m8n256k64-w4-s8-c1"], rep_ms=float("inf"))

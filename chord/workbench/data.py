@@ -32,7 +32,7 @@ def _run_order(path: Path) -> tuple:
 def _committed(name: str | None, pattern: str, what: str) -> Path:
     """chord/bench/results/<name>.json, or the newest file matching `pattern` when name is None."""
     if name is None:
-        kinds = ("tuning", "capture", "policy", "layout")  # other result kinds share the folder
+        kinds = ("tuning", "capture", "policy", "layout", "timing")  # other result kinds share the folder
         own = [k for k in kinds if k in pattern]
         runs = sorted((p for p in RESULTS_DIR.glob(pattern) if own or not any(k in p.name for k in kinds)),
                       key=_run_order)

@@ -30,8 +30,11 @@ def gemm_shape(deployment: str, gemm: str) -> tuple[int, int, int]:
 
 
 def token_tiles(experts: int, tok_e: float, block_m: int) -> int:
-    """Token tiles when `tok_e * experts` routed rows spread evenly over the experts they touch
-    (chord.schedule.token_tiles, which the heuristic policy counts with)."""
+    """Token tiles when every expert gets `tok_e` rows (`tok_e * experts` routed rows, balanced
+    routing as in the suite's EP8 scenarios; chord.schedule.token_tiles). The heuristic policy
+    counts with uniformly random routes instead (chord.schedule.touched_experts: 48 rows over 48
+    experts touch ~31), so near one row per expert its `reason` names fewer touched experts
+    than this count."""
     return _token_tiles_for_rows(experts, int(round(tok_e * experts)), block_m)
 
 
