@@ -3,14 +3,29 @@
 * Every test starts from ``torch.manual_seed(0)`` (autouse fixture ``_seed``).
 * Tests marked ``@pytest.mark.gpu`` are skipped when no CUDA device is present;
   ``requires_gpu`` is the same rule as a reusable decorator (``from conftest import requires_gpu``).
+* ``load_tool("host_time")`` imports ``tools/host_time.py`` (the tools are scripts, not a package)
+  as a module for a CPU test of its command line (``from conftest import load_tool``).
 """
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
 
+TOOLS_DIR = Path(__file__).resolve().parents[1] / "tools"
+
 HAS_CUDA = torch.cuda.is_available()
 
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def load_tool(name: str):
+    """tools/<name>.py, imported as the module ``<name>_tool``."""
+    spec = importlib.util.spec_from_file_location(f"{name}_tool", TOOLS_DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(autouse=True)

@@ -1,19 +1,13 @@
 """tools/device_cache.py on CPU: what it collects for a GPU session's kernel cache, and the packing."""
-import importlib.util
 import tarfile
-from pathlib import Path
 
 import pytest
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "device_cache.py"
+from conftest import TOOLS_DIR, load_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("device_cache", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("device_cache")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +30,7 @@ def test_collects_the_profile_every_policy_and_the_gpu_tests(tool, collected):
     _, _, prob = sc.gemm_problem("indexed", "gate_up")
     for pol in ["heuristic", "batch_invariant", *(f"heuristic,-{r}" for r in POLICY_RULES)]:
         assert select("h200:tp8", prob, pol).id in collected, pol
-    sys.path.insert(0, str(TOOL.parents[1] / "tests" / "gpu"))
+    sys.path.insert(0, str(TOOLS_DIR.parent / "tests" / "gpu"))
     try:
         from test_fuzz_gpu import fuzz_pool
     finally:

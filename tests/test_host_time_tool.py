@@ -1,22 +1,16 @@
 """tools/host_time.py's command line on CPU: it decides with the library's default profile
 ($CHORD_PROFILE, else h200), not a hard-coded one, and --profile picks another."""
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
+from conftest import load_tool
 
 from chord._resources import profiles_dir
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "host_time.py"
 
 
 @pytest.fixture(scope="module")
 def host_time():
-    spec = importlib.util.spec_from_file_location("host_time_tool", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("host_time")
 
 
 def test_the_default_profile_is_the_librarys(host_time, monkeypatch, tmp_path):
