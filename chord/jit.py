@@ -66,7 +66,7 @@ def render(schedule: "Schedule") -> str:
     """
     s = schedule
     if s.mainloop == "wgmma":
-        loop = f"chord::WgmmaSwap64<{s.block_m}, {s.block_n}, {s.stages}, {s.wgmma_wait}, {s.producer}>"
+        loop = f"chord::WgmmaSwap64<{s.block_m}, {s.block_n}, {s.stages}, {s.wgmma_wait}, {s.producer}, {s.warps}, {s.group_steps}>"
     else:
         loop = f"chord::MmaSwap16<{s.block_m}, {s.block_n}, {s.warps}, {s.stages}, {'true' if s.swap else 'false'}>"
     offsets = "".join(

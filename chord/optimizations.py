@@ -65,7 +65,8 @@ class Optimization:
             # their defaults, and block_m at most 128 (the mma tile's limit: a 256-row wgmma
             # tile becomes a 128-row mma tile, so an indexed call needs routing for that size)
             return override(schedule, mainloop=off, warps=4, wgmma_wait=KNOB["wgmma_wait"].default,
-                            producer=KNOB["producer"].default, block_m=min(schedule.block_m, 128))
+                            producer=KNOB["producer"].default, group_steps=KNOB["group_steps"].default,
+                            block_m=min(schedule.block_m, 128))
         if self.knob == "swap":
             # tokens on the M side come in 16-row MMA tiles: an 8-row tile becomes a 16-row one (an
             # indexed call then needs routing for that block size)
@@ -139,6 +140,14 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "uniformly at random, E (1 - (1 - 1/E)^rows) (TP8 64 tokens: 283 of 384), so the wave and "
                  "split-K rules see the tiles that launch; off: min(E, rows), as if routing were balanced",
                  "policy", None, IMPLEMENTED, "04_wave_aware_bn", rule="touched_estimate"),
+    Optimization("wide warp tiles",
+                 "2 or 4 16-feature weight tiles per warp on the wgmma loop (block_n 256 or 512 on 8 warps; the "
+                 "schedule's warps and group_steps knobs), with one or two k16 steps per wgmma group so the 2-4x "
+                 "accumulators fit: each token row is read by fewer CTAs and each barrier covers more MACs. The "
+                 "profile uses them from 32 to 192 rows per expert at long K; the heuristic's rule from 16 rows "
+                 "per touched expert (32-row tiles) at K > 512; off: wgmma above 40 rows per touched expert, one "
+                 "weight tile per warp",
+                 "policy", None, IMPLEMENTED, "02_wgmma_pipelining", rule="wide_warp_tiles"),
     Optimization("raster on every wgmma tile",
                  "the heuristic gives every wgmma schedule with more than one token tile raster 8 (8 token "
                  "tiles, of one expert or of several, walk the N blocks together); off: launch order",

@@ -33,7 +33,7 @@ _FAMILY_TAG = {"indexed": "idx", "grouped_contiguous": "gcon", "grouped_masked":
 _TAG_FAMILY = {v: k for k, v in _FAMILY_TAG.items()}
 K_BLOCK = 64  # K elements per pipeline stage (fixed by the swap16 layout)
 MAX_SMEM_PER_CTA = 227 * 1024
-WGMMA_OTHER_REGS = 48  # registers a wgmma thread needs besides its block_m/2 accumulators (ptxas -v)
+WGMMA_OTHER_REGS = 16  # registers a wgmma thread needs at least besides accumulators and A operands (ptxas -v)
 WGMMA_PRODUCER_REGS = 88  # setmaxnreg of the producer warpgroup (WgmmaSwap64::kProducerRegs)
 WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)  # wgmma token tiles worth building (N = 8..256)
 
@@ -72,7 +72,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("block_m", "m", None, tuple(range(8, 257, 8)), "BT", "token rows per CTA tile (indexed: moe_align block size)",
          always=True),
     Knob("block_n", "n", None, tuple(range(16, 1025, 16)), "BN", "output features per CTA tile", always=True),
-    Knob("warps", "w", 4, (1, 2, 4, 8, 16), "WARPS", "warps per CTA (wgmma: one per 16 output features)", always=True),
+    Knob("warps", "w", 4, (1, 2, 4, 8, 12, 16), "WARPS",
+         "warps per CTA; each owns block_n/16/warps 16-feature weight tiles (wgmma: 1, 2 or 4, whole warpgroups)",
+         always=True),
     Knob("stages", "s", 4, tuple(range(2, 13)), "STAGES", "K blocks of 64 in the cp.async ring", always=True),
     Knob("ctas_per_sm", "c", 1, (1, 2, 3, 4), "__launch_bounds__ min blocks",
          "CTAs per SM the register budget is sized for", always=True, off=1),
@@ -86,6 +88,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("producer", "ws", 0, (0, 1), "PRODUCER",
          "wgmma: 1 = one producer warp feeds the ring through mbarriers (warp-specialized), 0 = every thread "
          "copies and a CTA barrier per K block publishes it", off=0, requires=(("mainloop", "wgmma"),)),
+    Knob("group_steps", "gs", 4, (1, 2, 4), "GS",
+         "wgmma: k16 steps per committed wgmma group (4: one group per K block; 1-2: 4/GS groups per block, "
+         "two register sets of GS steps, for tiles whose accumulators leave no room for four steps)",
+         requires=(("mainloop", "wgmma"),)),
     Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "RASTER",
          "token tiles per raster group walked over all N blocks (0: launch order)", off=0),
     Knob("swap", "swap", 1, (0, 1), "SWAP",
@@ -112,6 +118,7 @@ class Schedule:
     mainloop: str = "mma"  # "mma" (mma.sync) or "wgmma" (warpgroup MMA, sm_90a)
     wgmma_wait: int = 1  # wgmma groups in flight while the next K block is dequantized
     producer: int = 0  # wgmma: 1 = a producer warp + mbarriers (warp-specialized)
+    group_steps: int = 4  # wgmma: k16 steps per committed group (4: one per K block)
     raster: int = 0  # token tiles per raster group (0: launch order)
     swap: int = 1  # mma: 1 = weights on the MMA M side (operand swap), 0 = tokens on M (16-row tiles)
     n_tiles: int = 1  # consecutive N blocks per CTA, one continuous ring
@@ -130,11 +137,13 @@ class Schedule:
             raise ValueError(f"block_m must be a multiple of 8 in [8, {top}] for mainloop {self.mainloop}, "
                              f"got {self.block_m}")
         if wg:
-            if self.block_n not in (64, 128, 192, 256):
-                raise ValueError(f"block_n must be 64, 128, 192 or 256 for mainloop wgmma, got {self.block_n}")
-            if self.warps != self.block_n // 16:
-                raise ValueError(f"warps must be block_n/16={self.block_n // 16} for mainloop wgmma "
-                                 f"(one warp per 16 output features), got {self.warps}")
+            if self.block_n % 64 or not 64 <= self.block_n <= 512:
+                raise ValueError(f"block_n must be a multiple of 64 in [64, 512] for mainloop wgmma, got {self.block_n}")
+            legal_warps = [w for w in (self.block_n // 16, self.block_n // 32, self.block_n // 64)
+                           if w % 4 == 0 and 4 <= w <= 16]
+            if self.warps not in legal_warps:
+                raise ValueError(f"warps must be one of {legal_warps} for mainloop wgmma with block_n={self.block_n} "
+                                 f"(whole warpgroups, each warp 1, 2 or 4 16-feature weight tiles), got {self.warps}")
             if self.stages < 3:
                 raise ValueError(f"stages must be >= 3 for mainloop wgmma, got {self.stages}")
             if self.swap != 1:
@@ -149,17 +158,20 @@ class Schedule:
                                      f"to hand over ({self.threads} threads start with {entry}); use block_n <= 192")
             else:
                 cap = min(255, 65536 // (self.threads * self.ctas_per_sm) // 8 * 8)
-            if self.block_m // 2 + WGMMA_OTHER_REGS > cap:
-                raise ValueError(f"mainloop wgmma with block_m={self.block_m} needs about {self.block_m // 2} "
-                                 f"accumulator + {WGMMA_OTHER_REGS} other registers per thread, over the budget of "
-                                 f"{cap} for {self.threads} threads x {self.ctas_per_sm} CTAs/SM")
+            acc = self.ntw * self.block_m // 2
+            a_regs = 2 * self.group_steps * self.ntw * 4  # two register sets of group_steps x ntw A fragments
+            if acc + a_regs + WGMMA_OTHER_REGS > cap:
+                raise ValueError(f"mainloop wgmma with block_m={self.block_m}, {self.ntw} weight tiles per warp and "
+                                 f"group_steps={self.group_steps} needs about {acc} accumulator + {a_regs} A + "
+                                 f"{WGMMA_OTHER_REGS} other registers per thread, over the budget of {cap} for "
+                                 f"{self.threads} threads x {self.ctas_per_sm} CTAs/SM")
         else:
             if self.warps not in (1, 2, 4, 8):
                 raise ValueError(f"warps must be 1, 2, 4 or 8, got {self.warps}")
             if self.block_n <= 0 or self.block_n % (16 * self.warps):
                 raise ValueError(f"block_n must be a positive multiple of 16*warps={16 * self.warps}, "
                                  f"got {self.block_n}")
-            for name in ("wgmma_wait", "producer"):
+            for name in ("wgmma_wait", "producer", "group_steps"):
                 if getattr(self, name) != KNOB[name].default:
                     raise ValueError(f"{name} applies to mainloop wgmma only, got {getattr(self, name)} with mma")
             if self.swap == 0 and self.block_m % 16:
@@ -169,7 +181,7 @@ class Schedule:
         if self.n_tiles > 1 and (self.split_k != 1 or self.producer):
             raise ValueError(f"n_tiles={self.n_tiles} needs split_k=1 and producer=0 (one output tile per split-K CTA; "
                              f"the producer loop walks one tile), got split_k={self.split_k}, producer={self.producer}")
-        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "raster", "swap", "n_tiles"):
+        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -184,6 +196,11 @@ class Schedule:
         tail = "".join(f"-{k.token}{getattr(self, k.name)}" for k in KNOBS
                        if not k.always and getattr(self, k.name) != k.default)
         return head + tail
+
+    @property
+    def ntw(self) -> int:
+        """16-feature weight tiles per warp (wgmma: one wgmma per tile and k16 step; NTW in csrc)."""
+        return self.block_n // 16 // self.warps
 
     @property
     def threads(self) -> int:
@@ -242,7 +259,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-r8][-swap0][-nt4]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):
@@ -501,7 +518,9 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
             bn = 128 if bn > 128 else 64
         if n % bn:
             raise ValueError(f"mainloop wgmma needs N divisible by 64, got {n}")
-        warps = bn // 16
+        # weight tiles per warp (a rule without warps: one): kept while block_n shrinks
+        ntw = max(1, vals["block_n"] // 16 // warps) if "warps" in knobs else 1
+        warps = max(4, bn // 16 // ntw)
         vals["n_tiles"] = _fit_n_tiles(vals["n_tiles"], n // bn)
     else:
         while n % bn:
@@ -629,6 +648,12 @@ POLICY_RULES = {
     "wgmma_raster": "raster 8 on every wgmma schedule with more than one token tile: 8 token tiles (of one or "
                     "several experts) walk the N blocks together, so their activations and weights are read "
                     "from L2 once per group; off: launch order",
+    "wide_warp_tiles": "at K > 512, wgmma from 32-row token tiles (more than 16 rows per touched expert) with several 16-feature "
+                       "weight tiles per warp: 4 per warp (block_n 512 on 8 warps, or 256 on 4 where N has no "
+                       "512 blocks) up to 64-row tiles, 2 per warp (block_n 256 on 8 warps) up to 192; one wgmma "
+                       "group per k16 step up to 32 rows (else two steps where the registers allow) and a "
+                       "512-K ring up to 32 rows; off: wgmma above 40 rows per touched expert, one weight tile "
+                       "per warp (block_n 128 or 256 by wave_aware_bn)",
     "buffered_k": "grouped decode on the mma loop keeps about 512 K elements in flight per CTA (a ring of 8 "
                   "stages of 64) at the most CTAs per SM whose ring fits in shared memory: the depth the "
                   "heuristic already chose, now a switchable rule (768 measured 11-12 % slower on 32-row masked "
@@ -637,7 +662,10 @@ POLICY_RULES = {
 BUFFERED_K_ELEMS = 512  # K elements in flight per CTA for grouped decode (the buffered_k rule)
 SMS_H200 = 132
 SMEM_PER_SM = 228 * 1024
-WGMMA_MIN_ROWS_PER_EXPERT = 40  # rows per touched expert above which the heuristic takes wgmma
+WGMMA_MIN_ROWS_PER_EXPERT = 40  # rows per touched expert above which the heuristic takes wgmma (wide_warp_tiles off)
+WIDE_WGMMA_MIN_ROWS_PER_EXPERT = 16  # ... with wide_warp_tiles on: 32-row tiles, 4 weight tiles per warp
+SHORT_K_BLOCKS = 8  # at most this many K blocks of 64 (TP8 down): n_tiles instead of wide warp tiles
+WIDE_TILE_MAX_BLOCK_M = 192  # wide_warp_tiles: 2 weight tiles per warp up to this token tile (256 has no registers)
 
 
 POLICY_SOURCES = ("profile", "heuristic", "batch_invariant")
@@ -733,17 +761,18 @@ def waves(tiles: int, slots: int) -> tuple[int, float]:
     return w, (tiles - (w - 1) * slots) / slots
 
 
-def _fitted(family: str, mainloop: str, bm: int, bn: int, n: int, depth: int | None = None,
+def _fitted(family: str, mainloop: str, bm: int, bn: int, n: int, depth: int | None = None, ntw: int = 1,
             **kw) -> Schedule | None:
     """The heuristic's schedule for one tile: the most CTAs per SM (2 then 1) whose registers fit,
     then the deepest ring that fits their shared memory (mma up to 8 stages, wgmma up to 5), fitted
     to N; None when no such schedule is valid. With `depth`: first a ring of exactly `depth`
-    stages at the most CTAs per SM that fit it, then the search above."""
+    stages at the most CTAs per SM that fit it, then the search above. `ntw`: 16-feature weight
+    tiles per warp of a wgmma tile (warps = bn / 16 / ntw)."""
     plans: list[tuple[int, Sequence[int]]] = [(c, (depth,)) for c in (2, 1)] if depth else []
     plans += [(c, range(8 if mainloop == "mma" else 5, 2, -1)) for c in (2, 1)]
     for c, depths in plans:
         for stages in depths:
-            knobs = dict(block_m=bm, block_n=bn, warps=bn // 16 if mainloop == "wgmma" else 4, stages=stages,
+            knobs = dict(block_m=bm, block_n=bn, warps=bn // 16 // ntw if mainloop == "wgmma" else 4, stages=stages,
                          ctas_per_sm=c, mainloop=mainloop, **kw)
             try:
                 sch = _fit_schedule(family, knobs, n)
@@ -752,6 +781,25 @@ def _fitted(family: str, mainloop: str, bm: int, bn: int, n: int, depth: int | N
             if c * (sch.smem_bytes + 1024) <= SMEM_PER_SM:
                 return sch
     return None
+
+
+def _wide_tile(p: Problem, bm: int) -> Schedule | None:
+    """The wide_warp_tiles rule's wgmma tile for token tile `bm` (None: none applies). Measured on
+    the H200 (docs/optimizations.md, "Wide warp tiles"): 4 weight tiles per warp up to 64 rows
+    (block_n 512 on 8 warps: tok32 gate_up 306 vs 345 us, tok64 402 vs 447 us), 2 up to 192 (block_n
+    256 on 8 warps: tp8-m16384 gate_up 1721 vs 1880 us); one group per k16 step at 32 rows (gs1 306
+    vs gs2 320 us), two steps above where they fit the registers (tok64 gs2 402 vs gs1 418 us)."""
+    if bm > WIDE_TILE_MAX_BLOCK_M:
+        return None
+    if bm <= 64:
+        ntw, bn = 4, (512 if p.n % 512 == 0 else 256)
+    else:
+        ntw, bn = 2, 256
+    if p.n % bn:
+        return None
+    gs = 2 if bm > 32 and ntw * bm // 2 + 16 * ntw + 56 <= 255 else 1
+    depth = BUFFERED_K_ELEMS // K_BLOCK if bm <= 32 else None
+    return _fitted(p.family, "wgmma", bm, bn, p.n, depth, ntw=ntw, group_steps=gs)
 
 
 def _refit(s: Schedule, extra: dict, why: list) -> Schedule:
@@ -777,7 +825,8 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     kb = p.k // K_BLOCK
     et = touched_experts(p.num_experts, rows, uniform=policy.on("touched_estimate"))
     rt = rows / et  # rows per touched expert
-    mainloop = "wgmma" if rt > WGMMA_MIN_ROWS_PER_EXPERT else "mma"
+    wide = policy.on("wide_warp_tiles") and kb > SHORT_K_BLOCKS  # short K (TP8 down): n_tiles, not wide tiles
+    mainloop = "wgmma" if rt > (WIDE_WGMMA_MIN_ROWS_PER_EXPERT if wide else WGMMA_MIN_ROWS_PER_EXPERT) else "mma"
     how = "uniform routes" if policy.on("touched_estimate") else "touched_estimate off: min(E, rows)"
     why = [f"{rows} rows over ~{et:.0f} touched experts ({how}) = {rt:.1f} rows each -> {mainloop}"]
     top = 256 if mainloop == "wgmma" else 128
@@ -813,7 +862,16 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     if s128 is None and s256 is None:  # the widest legal tile for a tall block_m
         raise ValueError(f"heuristic: no legal schedule for {p} with block_m {bm}")
     chosen = s128 or s256
-    if policy.on("wave_aware_bn") and s256 is not None:
+    swide = _wide_tile(p, bm) if mainloop == "wgmma" and wide else None
+    if swide is not None:
+        chosen = swide
+        why.append(f"wide_warp_tiles: block_n {swide.block_n} on {swide.warps} warps ({swide.ntw} weight tiles per "
+                   f"warp, {swide.group_steps} k16 step(s) per wgmma group, {swide.stages} stages)")
+    elif mainloop == "wgmma" and not policy.on("wide_warp_tiles"):
+        why.append("wide_warp_tiles off: one weight tile per warp")
+    elif mainloop == "wgmma" and not wide:
+        why.append(f"wide_warp_tiles: not at {kb} K blocks (short K: one weight tile per warp, n_tiles)")
+    if swide is None and policy.on("wave_aware_bn") and s256 is not None:
         t256, slots256 = tiles_of(s256)
         w, last = waves(t256, slots256)
         if t256 >= slots256 and last >= 0.9 or s128 is None:
@@ -822,7 +880,7 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
         else:
             why.append(f"wave_aware_bn: BN 128 (BN 256 would be {t256} tiles = {w} waves of {slots256}, "
                        f"last {100 * last:.0f} % full)")
-    elif s128 is not None:
+    elif swide is None and s128 is not None:
         why.append("wave_aware_bn off: BN 128" if not policy.on("wave_aware_bn") else "BN 128 (N has no 256 blocks)")
     extra: dict = {}
     tiles, slots = tiles_of(chosen)
@@ -832,7 +890,7 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
             why.append(f"wgmma_raster: raster 8 ({m_tiles} token tiles walk the N blocks in groups of 8)")
         else:
             why.append("wgmma_raster off: launch order")
-    if kb <= 8 and tiles >= 2 * slots:
+    if kb <= SHORT_K_BLOCKS and tiles >= 2 * slots:
         nt = 4 if tiles >= 4 * slots else 2
         extra["n_tiles"] = _fit_n_tiles(nt, p.n // chosen.block_n)
         why.append(f"n_tiles {extra['n_tiles']} ({kb} K blocks: one ring over several N blocks)")
@@ -846,7 +904,7 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
         why.append("split_k_gate off: no split-K")
     if extra:
         chosen = _refit(chosen, extra, why)
-    cands = tuple(s for s in (s128, s256) if s is not None)
+    cands = tuple(s for s in (s128, s256, swide) if s is not None)
     return Decision(problem, chosen, f"{profile.gpu}:heuristic", cands,
                     f"heuristic ({policy.name}): " + "; ".join(why) + f" -> {chosen.id}")
 

@@ -45,6 +45,11 @@ RASTERS = (0, 4, 8)
 # tuning runs of 2026-12-01 (e.g. ep8-prefill-tok512 gate_up m192n128 s4: 4467 vs 2305 us), so it
 # only cost tuning time; `chord.optimizations` keeps it as a knob for its ablation.
 PRODUCER_CTAS = ((0, 1), (0, 2))
+# (block_n, warps, group_steps) of the wgmma candidates: one 16-feature weight tile per warp
+# (block_n 128 / 256 on 8 / 16 warps, one wgmma group per K block) and the wide warp tiles, 2 or 4
+# weight tiles per warp with one or two k16 steps per group (docs/optimizations.md, "Wide warp
+# tiles"); a tile whose accumulators and A registers exceed the budget is not a Schedule.
+WGMMA_TILES = ((128, 8, 4), (256, 16, 4), (256, 8, 1), (256, 8, 2), (256, 4, 1), (256, 4, 2), (512, 8, 1), (512, 8, 2))
 SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that walk several N blocks
 N_TILES = (2, 4)  # n_tiles candidates at short K
 
@@ -128,7 +133,7 @@ def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops:
                             out.append(Schedule(family, 8, bn, 4, 8, ctas, split))
     if "wgmma" in mainloops and rows_per_expert >= WGMMA_MIN_ROWS:
         for bm in block_m_candidates(rows_per_expert, WGMMA_BLOCK_MS, above=1):
-            for bn in (128, 256):
+            for bn, warps, gs in WGMMA_TILES:
                 if n % bn:
                     continue
                 for stages in ((4, 6, 8) if bm <= 32 else (3, 4, 5)):
@@ -137,8 +142,8 @@ def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops:
                         # main loop (short K: TP8 down has 4 K blocks); producer=1 needs 1.
                         for producer, ctas in PRODUCER_CTAS:
                             try:
-                                s = Schedule(family, bm, bn, bn // 16, stages, ctas, mainloop="wgmma", raster=raster,
-                                             producer=producer)
+                                s = Schedule(family, bm, bn, warps, stages, ctas, mainloop="wgmma", raster=raster,
+                                             producer=producer, group_steps=gs)
                             except ValueError:
                                 continue
                             if _fits(s):

@@ -99,6 +99,28 @@ for r in live:
     print(f"{r['variant']:36s} {r['schedule']:45s} {r['us']:9.1f} us  {r['TFLOP_per_s']:6.0f} TFLOP/s  {same}")
 
 # %% [markdown]
+# ## Measured: wide warp tiles
+# A warp may own 2 or 4 16-feature weight tiles (`block_n / 16 / warps`): block_n 512 on 8 warps
+# at 32-64 token rows, 256 on 8 warps up to 192. Each token row is then read by fewer CTAs and
+# each CTA barrier covers more MACs; the 2-4x accumulators fit because the dequantized A
+# operand is issued in groups of one or two k16 steps (`group_steps`) instead of a whole K block.
+# The heuristic's `wide_warp_tiles` rule on and off (`heuristic,-wide_warp_tiles`: wgmma only
+# above 40 rows per touched expert, one weight tile per warp), next to the tuned profile, on the
+# GEMMs where the profile took wide tiles. Outputs are bit-identical whatever the tile (the same
+# MMAs per output element in the same order).
+
+# %%
+LABELS_W, VARIANTS_W = ablate.rule_variants("wide_warp_tiles", "wide tiles off")
+POINTS_W = [("ep8-decode-tok32", "indexed", "gate_up"), ("ep8-decode-tok32", "grouped_masked", "gate_up"),
+            ("ep8-prefill-tok64", "grouped_contiguous", "gate_up"), ("ep8-prefill-tok128", "indexed", "gate_up"),
+            ("tp8-m1024", "indexed", "gate_up"), ("tp8-m16384", "indexed", "gate_up")]
+abl_w, where_w = ablate.ablation("02_wide_warp_tiles", POINTS_W, VARIANTS_W,
+                                 "wide warp tiles on/off under the heuristic policy, and the profile",
+                                 rep_ms=20 if QUICK else 100)
+print(where_w)
+print(ablate.table(abl_w, LABELS_W))
+
+# %% [markdown]
 # ## Live: these calls next to upstream Humming
 # `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
@@ -134,4 +156,6 @@ for r in live:
     if r["variant"] in {f"{name} off" for name in ablations if name != "wgmma main loop"}:
         assert r["same_bits_as_first"], r
 assert all(r["wgmma_us"] is None or r["wgmma_us"] > 0 for r in rows)
+for r in abl_w:  # wide or narrow warp tiles: the same MMAs per output element, the same bits
+    assert r["same_bits_as_first"], r
 print("invariants hold for", sched.id)

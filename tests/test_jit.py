@@ -25,7 +25,9 @@ def test_render_composes_family_mainloop_and_knobs():
     assert "__launch_bounds__(128, 2)" in src and s.id in src
     wg = Schedule("indexed", 128, 256, 16, 4, 1, mainloop="wgmma", wgmma_wait=0, raster=8)
     src = jit.render(wg)
-    assert "chord::WgmmaSwap64<128, 256, 4, 0, 0>, 1, 8, 1>" in src and "__launch_bounds__(512, 1)" in src
+    wide = Schedule("indexed", 32, 512, 8, 8, 1, mainloop="wgmma", group_steps=1)
+    assert "chord::WgmmaSwap64<32, 512, 8, 1, 0, 8, 1>, 1, 0, 1>" in jit.render(wide)
+    assert "chord::WgmmaSwap64<128, 256, 4, 0, 0, 16, 4>, 1, 8, 1>" in src and "__launch_bounds__(512, 1)" in src
 
 
 def test_render_states_python_facts_for_the_compiler():

@@ -46,7 +46,11 @@ def test_heuristic_gives_a_valid_reasoned_schedule(sc, family, gemm):
     # each rule off changes only what it decides
     bm_off = select(prof, prob, "heuristic,-tok_e_block_m")
     assert bm_off.block_m == (128 if bm_off.mainloop == "wgmma" else 16)
-    assert select(prof, prob, "heuristic,-wave_aware_bn").block_n <= 128
+    wb_off = select(prof, prob, "heuristic,-wave_aware_bn")
+    assert wb_off.block_n <= 128 or wb_off.ntw > 1  # a wide warp tile is not the wave rule's choice
+    assert select(prof, prob, "heuristic,-wide_warp_tiles,-wave_aware_bn").block_n <= 128
+    wide_off = select(prof, prob, "heuristic,-wide_warp_tiles")
+    assert wide_off.mainloop == "mma" or wide_off.ntw == 1
     assert select(prof, prob, "heuristic,-split_k_gate").split_k == 1
     assert select(prof, prob, "heuristic,-wgmma_raster").raster == 0
     bk_off = select(prof, prob, "heuristic,-buffered_k")
@@ -75,12 +79,12 @@ def test_heuristic_rules_on_known_shapes():
     # masked decode: buffered-K keeps 512 K elements in flight (8 stages of 64) at 4 and at 32 rows per
     # expert; off: the default ring of 4 stages
     prof = profile_for("grouped_masked", 48, 4096, 7168)
-    for rows in (4, 32):
+    for rows, pol in ((4, "heuristic"), (32, "heuristic,-wide_warp_tiles")):
         p = Problem("grouped_masked", 48, 4096, 7168, rows * 48)
-        s, off = select(prof, p, "heuristic"), select(prof, p, "heuristic,-buffered_k")
+        s, off = select(prof, p, pol), select(prof, p, pol + ",-buffered_k")
         assert (s.mainloop, s.stages, off.stages) == ("mma", 8, 4), rows
         assert s.ctas_per_sm * (s.smem_bytes + 1024) <= 228 * 1024
-        assert "buffered_k off: a ring of 4 stages" in explain(prof, p, "heuristic,-buffered_k").reason
+        assert "buffered_k off: a ring of 4 stages" in explain(prof, p, pol + ",-buffered_k").reason
     # the indexed family is not a grouped decode: no buffered-K rule
     p = Problem("indexed", 48, 4096, 7168, 32 * 48, 8)
     assert "buffered_k" not in explain(profile_for("indexed", 48, 4096, 7168), p, "heuristic").reason
@@ -97,6 +101,26 @@ def test_heuristic_rules_on_known_shapes():
     p = Problem("indexed", 384, 512, 7168, 4096 * 8, 8)
     s = select(profile_for("indexed", 384, 512, 7168), p, "heuristic")
     assert (s.mainloop, s.block_m) == ("wgmma", 96)
+    # wide warp tiles: 32 rows per expert (EP8 decode tok32, masked too) -> wgmma, 32 x 512 on 8 warps (4
+    # weight tiles per warp, one k16 step per group, a 512-K ring); 64 rows: 64 x 512, two steps per group;
+    # 192-row tiles: 2 per warp; short K (TP8 down, 4 K blocks): one per warp; off: mma below 40 rows
+    for fam in ("indexed", "grouped_masked"):
+        p = Problem(fam, 48, 4096, 7168, 32 * 48, 8 if fam == "indexed" else 1)
+        prof = profile_for(fam, 48, 4096, 7168)
+        s = select(prof, p, "heuristic")
+        assert (s.mainloop, s.block_m, s.block_n, s.warps, s.group_steps, s.stages) == ("wgmma", 32, 512, 8, 1, 8)
+        assert "wide_warp_tiles: block_n 512 on 8 warps" in explain(prof, p, "heuristic").reason
+        assert select(prof, p, "heuristic,-wide_warp_tiles").mainloop == "mma"
+    p = Problem("grouped_contiguous", 48, 4096, 7168, 64 * 48)
+    s = select(profile_for("grouped_contiguous", 48, 4096, 7168), p, "heuristic")
+    assert (s.block_m, s.block_n, s.ntw, s.group_steps) == (64, 512, 4, 2)
+    p = Problem("indexed", 384, 512, 7168, 16384 * 8, 8)
+    s = select(profile_for("indexed", 384, 512, 7168), p, "heuristic")
+    assert (s.block_m, s.block_n, s.ntw, s.group_steps) == (192, 256, 2, 1)
+    p = Problem("indexed", 384, 7168, 256, 16384 * 8, 1)
+    s = select(profile_for("indexed", 384, 7168, 256), p, "heuristic")
+    assert s.ntw == 1 and "wide_warp_tiles: not at 4 K blocks" in explain(profile_for("indexed", 384, 7168, 256), p,
+                                                                           "heuristic").reason
     # prefill 512 rows per expert: two 256-row tiles, BN 128 (a 256x256 wgmma tile has no registers)
     p = Problem("grouped_contiguous", 48, 4096, 7168, 512 * 48)
     s = select(profile_for("grouped_contiguous", 48, 4096, 7168), p, "heuristic")
@@ -133,5 +157,5 @@ def test_heuristic_one_decision_through_the_humming_root(monkeypatch):
 
 def test_rules_table_documents_every_rule():
     assert set(POLICY_RULES) == {"tok_e_block_m", "wave_aware_bn", "split_k_gate", "touched_estimate", "wgmma_raster",
-                                  "buffered_k"}
+                                  "buffered_k", "wide_warp_tiles"}
     assert all(" off: " in v for v in POLICY_RULES.values())

@@ -56,7 +56,7 @@ def test_profile_has_every_deployment_and_family():
     assert len(pf.all_schedules()) >= 8
 
 
-@pytest.mark.parametrize("tok_e,bm,loop", [(1, 8, "mma"), (4, 8, "mma"), (12, 16, "mma"), (32, 32, "mma"),
+@pytest.mark.parametrize("tok_e,bm,loop", [(1, 8, "mma"), (4, 8, "mma"), (12, 16, "mma"), (32, 32, "wgmma"),
                                           (64, 64, "wgmma"), (128, 128, "wgmma"), (256, 256, "wgmma"), (512, 256, "wgmma")])
 def test_block_m_follows_rows_per_expert(tok_e, bm, loop):
     p = Problem("indexed", 48, 4096, 7168, rows=48 * tok_e, top_k=8)
@@ -156,8 +156,12 @@ def test_every_knob_round_trips_through_the_id():
 
 
 @pytest.mark.parametrize("kw, word", [
-    (dict(warps=4), "warps must be block_n/16"),
-    (dict(block_n=96, warps=6), "block_n must be 64, 128, 192 or 256"),
+    (dict(warps=16), "warps must be one of \\[8, 4\\]"),
+    (dict(block_n=96, warps=6), "block_n must be a multiple of 64 in \\[64, 512\\]"),
+    (dict(block_n=576, warps=8), "block_n must be a multiple of 64"),
+    (dict(block_n=512, warps=4), "warps must be one of \\[16, 8\\]"),
+    (dict(block_m=192, block_n=256, warps=8, group_steps=4), "group_steps=4 needs about 192 accumulator"),
+    (dict(block_m=64, block_n=512, warps=8, group_steps=3), "group_steps must be one of"),
     (dict(stages=2), "stages must be >= 3"),
     (dict(block_m=256, block_n=256, warps=16), "register"),
     (dict(block_m=264), "block_m"),
@@ -168,6 +172,26 @@ def test_wgmma_schedule_rejects_bad_knobs(kw, word):
     args.update(kw)
     with pytest.raises(ValueError, match=word):
         Schedule(**args)
+
+
+def test_wide_warp_tiles():
+    """2 or 4 weight tiles per warp: warps = block_n / 16 / ntw, whole warpgroups, and the register
+    estimate counts ntw x block_m/2 accumulators and two sets of group_steps x ntw A fragments."""
+    s = Schedule("indexed", 32, 512, 8, 8, 1, mainloop="wgmma", group_steps=1)
+    assert s.ntw == 4 and s.threads == 256 and s.id == "idx-m32n512k64-w8-s8-c1-wgmma-gs1"
+    assert Schedule.from_id(s.id) == s
+    assert Schedule.from_id("idx-m192n256k64-w8-s4-c1-wgmma-gs1-r8").ntw == 2
+    assert Schedule("indexed", 64, 128, 8, 4, 1, mainloop="wgmma").ntw == 1  # one tile per warp, the default
+    assert Schedule.from_id("idx-m32n256k64-w4-s8-c2-wgmma-gs2").threads == 128
+    # stage: 32 token rows + 32 weight tiles (512 B of words + 64 B of scales each), 1024-aligned
+    assert s.smem_bytes == 8 * -(-(32 * 128 + 32 * 576) // 1024) * 1024 + 1008
+    # a profile rule's wide tile keeps its tiles per warp when N takes a narrower block_n
+    from chord.schedule import _fit_schedule
+    fit = _fit_schedule("indexed", dict(block_m=32, block_n=512, warps=8, stages=8, mainloop="wgmma",
+                                        group_steps=1), 256)
+    assert (fit.block_n, fit.warps, fit.ntw) == (128, 4, 2)
+    with pytest.raises(ValueError, match="group_steps applies to mainloop wgmma only"):
+        Schedule("indexed", 16, 128, 4, 4, 1, group_steps=2)
 
 
 def test_mma_schedule_rejects_wgmma_only_knobs():

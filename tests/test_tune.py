@@ -23,7 +23,10 @@ def test_candidates_are_valid_and_cover_block_m():
     assert {s.raster for s in tune.candidates("indexed", 512, 21.3) if s.mainloop == "wgmma"} == {0, 4, 8}
     # the warp-specialized producer is not a tuning candidate (measured 1.5-2x slower)
     assert not any(s.producer for s in tune.candidates("grouped_contiguous", 4096, 512))
-    assert all(s.warps == s.block_n // 16 for s in tune.candidates("indexed", 4096, 256) if s.mainloop == "wgmma")
+    wg = [s for s in tune.candidates("indexed", 4096, 32) if s.mainloop == "wgmma"]
+    assert {s.ntw for s in wg} == {1, 2, 4} and {s.group_steps for s in wg if s.ntw > 1} == {1, 2}
+    assert any(s.block_n == 512 and s.warps == 8 for s in wg)  # the wide tile of ep8-decode-tok32 gate_up
+    assert all(s.warps % 4 == 0 for s in wg)
 
 
 def test_tune_schedules_cover_defaults_and_candidates():

@@ -1,12 +1,15 @@
 // Main loop `wgmma`: the operand swap at warpgroup scale (sm_90a).
 //
-// Each warp owns one 16-row weight tile (BN/16 warps, BN/64 warpgroups); a warpgroup's four
-// tiles are the 64-row A operand of `wgmma.mma_async.m64n{BT}k16`, dequantized int4 -> bf16 in
-// registers straight from the swap16 words (a warp's 16 rows of a wgmma A fragment have the
-// per-lane arrangement of the mma.m16n8k16 A fragment, which is what a swap16 word holds). The
-// BT token rows are the N side, read by the tensor cores from shared memory through a matrix
-// descriptor: each 64-wide K block of a token row is one 128-byte row with the 128-byte swizzle,
-// exactly the XOR swizzle the cp.async gather writes.
+// Each warp owns NTW = BN/16/WARPS 16-row weight tiles (tiles warp*NTW + j); the j-th tiles of
+// a warpgroup's four warps are the 64-row A operand of its j-th `wgmma.mma_async.m64n{BT}k16`,
+// dequantized int4 -> bf16 in registers straight from the swap16 words (a warp's 16 rows of a
+// wgmma A fragment have the per-lane arrangement of the mma.m16n8k16 A fragment, which is what a
+// swap16 word holds). NTW = 2 or 4 ("wide warp tiles") puts 128 or 256 weight rows on one
+// warpgroup, e.g. 192 tokens x 256 features or 32 tokens x 512 features on 8 warps: each token
+// row is read by fewer CTAs and each CTA moves more MACs per barrier. The BT token rows are the
+// N side, read by the tensor cores from shared memory through a matrix descriptor: each 64-wide
+// K block of a token row is one 128-byte row with the 128-byte swizzle, exactly the XOR swizzle
+// the cp.async gather writes.
 //
 // Weights are loaded without an L2 eviction hint: at prefill a weight tile is read by every token
 // tile of its raster group, so it should stay in L2. (With the hint, ptxas 13.0 put the 64-bit
@@ -14,13 +17,16 @@
 // instruction on the H200.)
 //
 // Pipeline: a STAGES-deep cp.async ring of [activations | swap16 words | scales] per 64-wide K
-// block. Per K block a warp reads its words and scales, dequantizes the four k16 steps into one
-// of two register sets, issues four wgmmas as one group and waits until at most WAIT groups are
-// in flight. WAIT = 1 (batched `wait_group 1`): the tensor cores run block kb while the warps
-// dequantize kb+1; a ring slot is refilled two blocks after it was read, once the group that
-// read it has retired in every warp (a CTA barrier lies between). WAIT = 0 retires each group
-// before the next dequantization; both issue the same MMAs in the same order, so their outputs
-// are bit-identical.
+// block. Per K block a warp reads its words and scales and issues 4 / GS wgmma groups: each
+// dequantizes GS k16 steps of its NTW tiles into one of two register sets and issues their
+// NTW x GS wgmmas as one group. GS = 4 (one group per block; the sets alternate per block) needs
+// 32 x NTW A registers; GS = 1 or 2 (the sets alternate inside a block) 8 or 16 x NTW, which is
+// what leaves room for the wide tiles' 2-4x accumulators. After each group a warp waits until
+// at most WAIT groups are in flight. WAIT = 1 (batched `wait_group 1`): the tensor cores run one
+// group while the warps dequantize the next; a ring slot is refilled two blocks after it was
+// read, once the groups that read it have retired in every warp (a CTA barrier lies between).
+// WAIT = 0 retires each group before the next dequantization. Every GS and WAIT issues the
+// same MMAs in the same order, so their outputs are bit-identical.
 //
 // PRODUCER = 0 (multistage): every thread issues its share of the cp.async copies and a CTA
 // barrier per K block publishes a stage. PRODUCER = 1 (warp-specialized): an extra warpgroup
@@ -44,14 +50,19 @@
 
 namespace chord {
 
-template <int BT, int BN, int STAGES, int WAIT, int PRODUCER = 0>
+template <int BT, int BN, int STAGES, int WAIT, int PRODUCER = 0, int WARPS = BN / 16, int GS = 4>
 struct WgmmaSwap64 {
   static_assert(BT % 8 == 0 && BT >= 8 && BT <= 256, "wgmma main loop: BT multiple of 8 in [8, 256]");
-  static_assert(BN % 64 == 0 && BN >= 64 && BN <= 256, "wgmma main loop: BN in {64, 128, 192, 256}");
+  static_assert(BN % 64 == 0 && BN >= 64 && BN <= 512, "wgmma main loop: BN a multiple of 64 in [64, 512]");
+  static_assert(WARPS % 4 == 0 && WARPS >= 4 && WARPS <= 16 && BN % (16 * WARPS) == 0,
+                "wgmma main loop: WARPS whole warpgroups (4, 8, 12, 16), each warp a whole number of 16-row tiles");
+  static_assert(BN / 16 / WARPS == 1 || BN / 16 / WARPS == 2 || BN / 16 / WARPS == 4,
+                "wgmma main loop: 1, 2 or 4 weight tiles per warp (NTW)");
   static_assert(STAGES >= 3, "wgmma main loop: STAGES >= 3 (one slot is read by the group in flight)");
   static_assert(WAIT == 0 || WAIT == 1, "wgmma main loop: WAIT is 0 or 1");
   static_assert(PRODUCER == 0 || PRODUCER == 1, "wgmma main loop: PRODUCER is 0 or 1");
-  static constexpr int kMmaWarps = BN / 16;  // one 16-row weight tile per warp
+  static_assert(GS == 1 || GS == 2 || GS == 4, "wgmma main loop: GS (k16 steps per wgmma group) is 1, 2 or 4");
+  static constexpr int kMmaWarps = WARPS;
   static constexpr int kThreads = kMmaWarps * 32 + (PRODUCER ? 128 : 0);
   static constexpr int kEpilogueThreads = kMmaWarps * 32;  // the producer warpgroup leaves first
   static constexpr bool kSwapped = true;  // weights on the M side (the accumulator layout of moe/epilogue.cuh)
@@ -69,7 +80,7 @@ struct WgmmaSwap64 {
   static_assert(!PRODUCER || kMmaWarps * 32 * (kConsumerRegs - kEntryRegs) <= 128 * (kEntryRegs - kProducerRegs),
                 "wgmma main loop: consumers would take more registers than the producer gives back");
   static constexpr int kNTiles = BN / 16;
-  static constexpr int kNTW = 1;
+  static constexpr int kNTW = kNTiles / WARPS;  // 16-row weight tiles per warp
   static constexpr int kTT = BT / 8;
   static constexpr int kXBytes = BT * kKBlock * 2;   // 1024-aligned: BT % 8 == 0
   static constexpr int kWBytes = kNTiles * 32 * 16;  // swap16 words per stage
@@ -81,7 +92,7 @@ struct WgmmaSwap64 {
   // oldest (<= STAGES - 2, so the producer never waits for a slot it has not published yet).
   static constexpr int kLag = STAGES - 2;
 
-  using Acc = float[1][kTT][4];
+  using Acc = float[kNTW][kTT][4];
 
   // Copies of K block kb (relative to the tile's first block) into ring slot `slot`, shared out
   // over `nthreads` threads of which this is thread `t`.
@@ -117,48 +128,86 @@ struct WgmmaSwap64 {
     }
   }
 
+  // Register set of the dequantized A operand of one group: GS k16 steps x NTW tiles.
+  using Regs = uint32_t[GS][kNTW][4];
+
   // The consumer half of one K block: this warp's swap16 words and scales of ring slot `slot`,
-  // dequantized into register set `a`, then four wgmmas (k16 steps) committed as one group.
+  // dequantized group by group (GS k16 steps each, NTW tiles per step) and issued as NTW x GS
+  // wgmmas per committed group. GS = 4: one group per block in register set `a[0]` (the sets
+  // alternate per block, k_loop). GS < 4: 4 / GS groups, alternating between a[0] and a[1]
+  // (every block starts on a[0] and leaves its last group, on a[1], in flight, the same at every
+  // loop join), each followed by a wait until at most WAIT groups are in flight: the set of
+  // group g-1 is free again for group g+1 once group g-1 has retired.
+  template <int NSETS>
   __device__ __forceinline__ static void mma_block(const uint8_t* smem, uint64_t desc0, int slot, int warp, int lane,
-                                                   uint32_t (&a)[4][4], Acc& acc) {
+                                                   Regs (&a)[NSETS], Acc& acc) {
+    static_assert((GS == 4) == (NSETS == 1), "one register set per block (GS = 4) or a pair (GS < 4)");
     const uint8_t* st = smem + slot * kStageBytes;
-    const uint4 words = reinterpret_cast<const uint4*>(st + kXBytes)[warp * 32 + lane];
-    const uint2 scl = reinterpret_cast<const uint2*>(st + kXBytes + kWBytes)[warp * 8 + lane / 4];
+    uint4 words[kNTW];
+    uint2 scl[kNTW];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __nv_bfloat162 sp = as_bf162(h == 0 ? scl.x : scl.y);
-      const __nv_bfloat162 s_lo = __low2bfloat162(sp);
-      const __nv_bfloat162 s_hi = __high2bfloat162(sp);
-      dequant_swap16(h == 0 ? words.x : words.z, s_lo, s_hi, a[2 * h]);
-      dequant_swap16(h == 0 ? words.y : words.w, s_lo, s_hi, a[2 * h + 1]);
+    for (int j = 0; j < kNTW; ++j) {
+      words[j] = reinterpret_cast<const uint4*>(st + kXBytes)[(warp * kNTW + j) * 32 + lane];
+      scl[j] = reinterpret_cast<const uint2*>(st + kXBytes + kWBytes)[(warp * kNTW + j) * 8 + lane / 4];
     }
-    wgmma_fence();
     const uint64_t desc = desc0 + static_cast<uint64_t>((slot * kStageBytes) >> 4);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) WgmmaRA<BT>::mma(acc[0], a[s], desc + static_cast<uint64_t>(s * 2), 1);
-    wgmma_commit();
+    for (int h = 0; h < 4 / GS; ++h) {
+      Regs& r = a[h % NSETS];
+#pragma unroll
+      for (int u = 0; u < GS; ++u) {
+        const int s = h * GS + u;  // k16 step; word component s, one scale per 32 K (two steps)
+#pragma unroll
+        for (int j = 0; j < kNTW; ++j) {
+          const __nv_bfloat162 sp = as_bf162(s < 2 ? scl[j].x : scl[j].y);
+          const uint32_t w = s == 0 ? words[j].x : s == 1 ? words[j].y : s == 2 ? words[j].z : words[j].w;
+          dequant_swap16(w, __low2bfloat162(sp), __high2bfloat162(sp), r[u][j]);
+        }
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int u = 0; u < GS; ++u)
+#pragma unroll
+        for (int j = 0; j < kNTW; ++j)
+          WgmmaRA<BT>::mma(acc[j], r[u][j], desc + static_cast<uint64_t>((h * GS + u) * 2), 1);
+      wgmma_commit();
+      if constexpr (GS < 4) wgmma_wait<WAIT>();  // no accumulator access here: a group may still be in flight
+    }
   }
 
-  // Runs `block(kb, a, drain)` over kb = 0..KB-1 with the two register sets alternating; an odd
-  // count starts with a lone block that retires its group before the loop (ptxas must never see
-  // a group in flight where two paths join).
+  // Keeps the compiler from moving accumulator accesses across the wgmma fences and waits.
+  __device__ __forceinline__ static void fence_acc(Acc& acc) {
+#pragma unroll
+    for (int j = 0; j < kNTW; ++j) wgmma_fence_operand(acc[j]);
+  }
+
+  // Runs `block(kb, a, drain)` over kb = 0..KB-1. GS = 4: the two register sets alternate per
+  // block; an odd count starts with a lone block that retires its group before the loop (ptxas
+  // must never see a group in flight where two paths join). GS < 4: one pair of sets, which
+  // alternate inside each block (mma_block).
   template <class Block>
   __device__ __forceinline__ static void k_loop(int KB, Block&& block) {
-    uint32_t a0[4][4], a1[4][4];
-    int kb = 0;
-    if (KB & 1) block(kb++, a1, std::true_type{});
-    for (; kb < KB; kb += 2) {
-      block(kb, a0, std::false_type{});
-      block(kb + 1, a1, std::false_type{});
+    if constexpr (GS == 4) {
+      Regs a0[1], a1[1];
+      int kb = 0;
+      if (KB & 1) block(kb++, a1, std::true_type{});
+      for (; kb < KB; kb += 2) {
+        block(kb, a0, std::false_type{});
+        block(kb + 1, a1, std::false_type{});
+      }
+    } else {
+      Regs a[2];
+      for (int kb = 0; kb < KB; ++kb) block(kb, a, std::false_type{});
     }
   }
 
   // wait_group after block kb: everything on the last block (the epilogue reads acc next).
+  // GS < 4: mma_block has waited after each group already.
   template <class Drain>
   __device__ __forceinline__ static void retire(int kb, int KB, Drain) {
     if (Drain::value || kb + 1 == KB) {
       wgmma_wait<0>();
-    } else {
+    } else if constexpr (GS == 4) {
       wgmma_wait<WAIT>();  // no accumulator access here: a group may still be in flight
     }
   }
@@ -185,23 +234,27 @@ struct WgmmaSwap64 {
     };
     auto zero = [&]() {
 #pragma unroll
-      for (int i = 0; i < kTT; ++i)
+      for (int j = 0; j < kNTW; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[0][i][c] = 0.f;
+        for (int i = 0; i < kTT; ++i)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
     };
 
     zero();
     const uint64_t desc0 = smem_desc_k128(smem_base);
 
     if constexpr (PRODUCER == 0) {
-      // Every thread copies one 16-byte chunk of weights per stage (kThreads == kNTiles * 32),
-      // the first kNTiles * 4 threads one of scales, and BT * 8 / kThreads activation chunks.
+      // Every thread copies NTW 16-byte chunks of weights per stage (kThreads * NTW == kNTiles *
+      // 32; chunk i of thread t is tile t/32 + i * WARPS), the first kNTiles * 4 threads one of
+      // scales, and BT * 8 / kThreads activation chunks.
       // The copy plan is fixed for the tile: each source pointer, destination offset and byte
       // count is computed once here, and each K block only advances the sources by one K block
       // (the per-block row lookup, 64-bit row * K product and select cost ~90 of ~190
       // instructions per warp and K block in the SASS of the 128x256 tile before). (Sharing
       // load_stage here, as the producer does, costs more instructions per K block still.)
-      static_assert(kThreads == kNTiles * 32, "multistage: one weight chunk per thread");
+      static_assert(kThreads * kNTW == kNTiles * 32, "multistage: NTW weight chunks per thread");
+      static_assert(kNTiles * 4 <= kThreads, "multistage: at most one scale chunk per thread");
       static_assert(kThreads % 64 == 0, "multistage: a thread's activation chunks share their swizzle phase");
       constexpr int kXChunks = BT * 8;
       constexpr int kXIters = (kXChunks + kThreads - 1) / kThreads;
@@ -218,13 +271,15 @@ struct WgmmaSwap64 {
       const bool has_scale = tid < kNTiles * 4;
       const int wstep = lay.group() * 32;  // uint4 from one K block of a tile to the next
       const int sstep = lay.group() * 64;  // bytes
-      const uint4* wsrc;
+      const uint4* wsrc[kNTW];
       const uint8_t* ssrc;
       // Points the weight and scale sources at K block kb_begin of tile `tile` (relative to the
       // CTA's first; common/params.cuh, Swap16Layout).
       auto aim = [&](int tile) {
         const int t0 = (n_block + tile) * kNTiles;
-        wsrc = p.qweight + lay.block(t0 + tid / 32, kb_begin) * 32 + tid % 32;
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i)
+          wsrc[i] = p.qweight + lay.block(t0 + tid / 32 + i * WARPS, kb_begin) * 32 + tid % 32;
         ssrc = reinterpret_cast<const uint8_t*>(p.scales + lay.block(t0 + (has_scale ? tid / 4 : 0), kb_begin) * 8) +
                (has_scale ? (tid % 4) * 16 : 0);
       };
@@ -243,9 +298,12 @@ struct WgmmaSwap64 {
             cp_async_16_zfill(st + xdst + it * kThreads * 16, xsrc[it], xskip[it]);
           xsrc[it] += kKBlock;
         }
-        cp_async_16_u32(st + kXBytes + tid * 16, wsrc, true);
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i) {
+          cp_async_16_u32(st + kXBytes + (tid + i * kThreads) * 16, wsrc[i], true);
+          wsrc[i] += wstep;
+        }
         cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
-        wsrc += wstep;
         ssrc += sstep;
         load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
         if constexpr (NTILES > 1) {
@@ -254,7 +312,8 @@ struct WgmmaSwap64 {
 #pragma unroll
             for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
             if constexpr (Swap16Layout<kNTiles>::kFixed) {
-              wsrc += lay.next_n_block(KB) * 32;
+#pragma unroll
+              for (int i = 0; i < kNTW; ++i) wsrc[i] += lay.next_n_block(KB) * 32;
               ssrc += lay.next_n_block(KB) * 64;
             } else if (++load_tile < NTILES) {
               aim(load_tile);
@@ -271,8 +330,8 @@ struct WgmmaSwap64 {
       }
       for (int tile = 0; tile < NTILES; ++tile) {
         if (tile > 0) zero();
-        wgmma_fence_operand(acc[0]);
-        k_loop(KB, [&](int kb, uint32_t (&a)[4][4], auto drain) {
+        fence_acc(acc);
+        k_loop(KB, [&](int kb, auto& a, auto drain) {
           const int g = tile * KB + kb;  // ring position
           cp_async_wait<STAGES - 3>();
           fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
@@ -283,7 +342,7 @@ struct WgmmaSwap64 {
           retire(kb, KB, drain);
         });
         wgmma_wait<0>();
-        wgmma_fence_operand(acc[0]);
+        fence_acc(acc);
         if constexpr (NTILES > 1) epilogue(tile, acc);  // its shared memory lies after the ring
       }
       cp_async_wait<0>();
@@ -320,8 +379,8 @@ struct WgmmaSwap64 {
         return;
       } else {  // consumer warps
         setmaxnreg_inc<kConsumerRegs>();
-        wgmma_fence_operand(acc[0]);
-        k_loop(KB, [&](int kb, uint32_t (&a)[4][4], auto drain) {
+        fence_acc(acc);
+        k_loop(KB, [&](int kb, auto& a, auto drain) {
           const int slot = kb % STAGES;
           mbar_wait(&full[slot], (kb / STAGES) & 1);
           mma_block(smem, desc0, slot, warp, lane, a, acc);
@@ -336,7 +395,7 @@ struct WgmmaSwap64 {
           if (done >= 0 && kb + 1 < KB) mbar_arrive(&empty[done % STAGES]);
         });
         wgmma_wait<0>();
-        wgmma_fence_operand(acc[0]);
+        fence_acc(acc);
         epilogue_sync<kEpilogueThreads, false>();  // all consumers done reading the ring
         epilogue(0, acc);
         return;

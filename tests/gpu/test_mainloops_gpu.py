@@ -190,3 +190,96 @@ def test_wgmma_kimi_ep8_prefill_shapes():
 @pytest.mark.parametrize("producer", [0, 1], ids=["multistage", "ws"])
 def test_wgmma_cuda_graph_replay_with_new_routing(producer):
     check_indexed_graph_replay(wg("indexed", 64, 128, producer=producer), e=16, n=512, k=1024, m=40, top_k=4)
+
+# Wide warp tiles: 2 or 4 16-feature weight tiles per warp (block_n / 16 / warps), with one, two or
+# four k16 steps per wgmma group (group_steps). The ids the profile and the heuristic use, plus the
+# extremes: 4 warps x 4 tiles, the 192-row tile at 255 registers, the producer warpgroup.
+WIDE = ["m32n512-w8-gs1", "m32n512-w8-gs2", "m32n256-w4-c2-gs2", "m64n512-w8-gs2", "m128n256-w8-gs2",
+        "m176n256-w8-gs2", "m192n256-w8-gs1", "m16n128-w4-gs4", "m64n256-w8-ws1-gs1"]
+
+
+def wide(family, tag, **kw):
+    """Schedule of a WIDE tag ('m32n512-w8-gs1': block_m 32, block_n 512, 8 warps, group_steps 1)."""
+    parts = {}
+    for p in tag.split("-"):
+        key = p[:2] if p[:2] in ("gs", "ws") else p[:1]
+        parts[key] = p[len(key):]
+    bm, bn = (int(v) for v in parts["m"].split("n"))
+    s = Schedule(family, bm, bn, int(parts["w"]), 5 if bm > 32 else 8, int(parts.get("c", 1)), mainloop="wgmma",
+                 group_steps=int(parts["gs"]), producer=int(parts.get("ws", 0)))
+    return override(s, **kw) if kw else s
+
+
+def test_wide_tags_are_wide():
+    for tag in WIDE:
+        s = wide("indexed", tag)
+        assert s.ntw > 1, tag
+        assert Schedule.from_id(s.id) == s
+
+
+@pytest.mark.parametrize("tag", WIDE)
+@pytest.mark.parametrize("k", [64, 704, 2048])  # 1, 11 (odd) and 32 K blocks
+def test_wide_tiles_indexed_match_reference(tag, k):
+    s = wide("indexed", tag)
+    e, n, m, top_k = 12, 512, 157, 4
+    qe, pw = experts(e, n, k)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=k, device="cuda"), s.block_m, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = run_indexed(s, x, pw, r, top_k, m * top_k)
+    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL, s.id
+
+
+@pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m64n512-w8-gs2", "m192n256-w8-gs1", "m64n256-w8-ws1-gs1"])
+def test_wide_tiles_contiguous_match_reference(tag):
+    e, n, k, m, top_k = 24, 1024, 1024, 150, 8
+    qe, pw = experts(e, n, k)
+    ids = routing.random_topk_ids(m, e - 1, top_k, seed=7, device="cuda")
+    ids = torch.where(ids >= 5, ids + 1, ids)  # expert 5 gets no rows
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    lay = routing.contiguous_layout(x, ids, e, alignment=1)
+    xin = torch.cat([lay.x, torch.randn(7, k, device="cuda").bfloat16()])
+    out = poisoned(xin.shape[0], n)
+    ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=wide("grouped_contiguous", tag, raster=8))
+    rows = int(lay.expert_offsets[-1])
+    assert torch.isnan(out[rows:]).all(), "rows past expert_offsets[E] were written"
+    assert rel_err(out[:rows], reference.contiguous_gemm_ref(xin, qe, None, lay.expert_offsets)[:rows]) < BF16_TOL
+
+
+@pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m32n256-w4-c2-gs2"])
+@pytest.mark.parametrize("max_rows", [1, 13, 32])
+def test_wide_tiles_masked_match_reference(tag, max_rows):
+    e, n, k = 20, 1024, 768
+    qe, pw = experts(e, n, k)
+    counts = torch.randint(0, max_rows + 1, (e,), device="cuda", dtype=torch.int32)
+    counts[0], counts[1] = 0, max_rows
+    x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
+    out = poisoned(e, max_rows, n)
+    s = wide("grouped_masked", tag)
+    ops.gemm_masked(x, pw, counts, out=out, schedule=s)
+    check_rows(out, reference.masked_gemm_ref(x, qe, None, counts), what=f"masked {s.id} max_rows={max_rows}")
+
+
+@pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m64n512-w8-gs2", "m128n256-w8-gs2"])
+def test_wide_tiles_group_steps_wait_and_width_are_bit_identical(tag):
+    """group_steps 1/2/4, wait_group 1 vs 0, 1 vs 2-4 weight tiles per warp, rasters, split-K 1 vs
+    n_tiles: the same MMAs in the same order per output element, so the same bits."""
+    base = wide("indexed", tag)
+    e, n, k, m, top_k = 16, 1024, 1536, 300, 8
+    qe, pw = experts(e, n, k)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=5, device="cuda"), base.block_m, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    first = run_indexed(base, x, pw, r, top_k, m * top_k)
+    assert rel_err(first, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL
+    variants = [override(base, wgmma_wait=0), override(base, raster=8), override(base, stages=4),
+                Schedule("indexed", base.block_m, 128, 8, 4, 1, mainloop="wgmma")]  # one tile per warp
+    for gs in (1, 2, 4):
+        try:
+            variants.append(override(base, group_steps=gs))
+        except ValueError:  # four steps per group do not fit every tile's registers
+            pass
+    for s in variants:
+        assert same_bits(run_indexed(s, x, pw, r, top_k, m * top_k), first), s.id
+
+
+def test_wide_tiles_cuda_graph_replay_with_new_routing():
+    check_indexed_graph_replay(wide("indexed", "m32n512-w8-gs1"), e=16, n=512, k=1024, m=40, top_k=4)
