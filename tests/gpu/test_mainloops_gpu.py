@@ -72,10 +72,8 @@ def test_wgmma_indexed_matches_reference(tile, k):
     assert rel_err(out2, reference.indexed_gemm_ref(x2, qe, None, r, 1)) < BF16_TOL
 
 
-@pytest.mark.parametrize("tile", valid_tiles([(16, 128), (128, 128), (256, 128)], "grouped_contiguous"), ids=tile_id)
-@pytest.mark.parametrize("alignment", [1, 128])
-def test_wgmma_contiguous_matches_reference(tile, alignment):
-    bm, bn, producer = tile
+def check_contiguous(s, alignment):
+    """`s` on a contiguous layout with an empty expert and 7 rows past expert_offsets[E] (must stay NaN)."""
     e, n, k, m, top_k = 24, 1024, 1024, 150, 8
     qe, pw = experts(e, n, k)
     ids = routing.random_topk_ids(m, e - 1, top_k, seed=alignment, device="cuda")
@@ -84,27 +82,37 @@ def test_wgmma_contiguous_matches_reference(tile, alignment):
     lay = routing.contiguous_layout(x, ids, e, alignment=alignment)
     xin = torch.cat([lay.x, torch.randn(7, k, device="cuda").bfloat16()])
     out = poisoned(xin.shape[0], n)
-    ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=wg("grouped_contiguous", bm, bn,
-                                                                           producer=producer))
+    ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=s)
     rows = int(lay.expert_offsets[-1])
     assert torch.isnan(out[rows:]).all(), "rows past expert_offsets[E] were written"
     ref = reference.contiguous_gemm_ref(xin, qe, None, lay.expert_offsets)
-    assert rel_err(out[:rows], ref[:rows]) < BF16_TOL
+    assert rel_err(out[:rows], ref[:rows]) < BF16_TOL, s.id
 
 
-@pytest.mark.parametrize("tile", valid_tiles([(8, 128), (32, 256), (64, 128)], "grouped_masked"), ids=tile_id)
-@pytest.mark.parametrize("max_rows", [1, 13, 64])
-def test_wgmma_masked_matches_reference(tile, max_rows):
-    bm, bn, producer = tile
+def check_masked(s, max_rows):
+    """`s` on a masked layout with random counts (one expert empty, one full)."""
     e, n, k = 20, 1024, 768
     qe, pw = experts(e, n, k)
     counts = torch.randint(0, max_rows + 1, (e,), device="cuda", dtype=torch.int32)
     counts[0], counts[1] = 0, max_rows
     x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
     out = poisoned(e, max_rows, n)
-    ops.gemm_masked(x, pw, counts, out=out, schedule=wg("grouped_masked", bm, bn, producer=producer))
-    ref = reference.masked_gemm_ref(x, qe, None, counts)
-    check_rows(out, ref, what=f"masked bm={bm} bn={bn} producer={producer} max_rows={max_rows}")
+    ops.gemm_masked(x, pw, counts, out=out, schedule=s)
+    check_rows(out, reference.masked_gemm_ref(x, qe, None, counts), what=f"masked {s.id} max_rows={max_rows}")
+
+
+@pytest.mark.parametrize("tile", valid_tiles([(16, 128), (128, 128), (256, 128)], "grouped_contiguous"), ids=tile_id)
+@pytest.mark.parametrize("alignment", [1, 128])
+def test_wgmma_contiguous_matches_reference(tile, alignment):
+    bm, bn, producer = tile
+    check_contiguous(wg("grouped_contiguous", bm, bn, producer=producer), alignment)
+
+
+@pytest.mark.parametrize("tile", valid_tiles([(8, 128), (32, 256), (64, 128)], "grouped_masked"), ids=tile_id)
+@pytest.mark.parametrize("max_rows", [1, 13, 64])
+def test_wgmma_masked_matches_reference(tile, max_rows):
+    bm, bn, producer = tile
+    check_masked(wg("grouped_masked", bm, bn, producer=producer), max_rows)
 
 
 @pytest.mark.parametrize("tile", [(64, 128), (128, 256), (256, 128)], ids=lambda t: f"m{t[0]}n{t[1]}")
@@ -231,32 +239,13 @@ def test_wide_tiles_indexed_match_reference(tag, k):
 
 @pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m64n512-w8-gs2", "m192n256-w8-gs1", "m64n256-w8-ws1-gs1"])
 def test_wide_tiles_contiguous_match_reference(tag):
-    e, n, k, m, top_k = 24, 1024, 1024, 150, 8
-    qe, pw = experts(e, n, k)
-    ids = routing.random_topk_ids(m, e - 1, top_k, seed=7, device="cuda")
-    ids = torch.where(ids >= 5, ids + 1, ids)  # expert 5 gets no rows
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    lay = routing.contiguous_layout(x, ids, e, alignment=1)
-    xin = torch.cat([lay.x, torch.randn(7, k, device="cuda").bfloat16()])
-    out = poisoned(xin.shape[0], n)
-    ops.gemm_contiguous(xin, pw, lay.expert_offsets, out=out, schedule=wide("grouped_contiguous", tag, raster=8))
-    rows = int(lay.expert_offsets[-1])
-    assert torch.isnan(out[rows:]).all(), "rows past expert_offsets[E] were written"
-    assert rel_err(out[:rows], reference.contiguous_gemm_ref(xin, qe, None, lay.expert_offsets)[:rows]) < BF16_TOL
+    check_contiguous(wide("grouped_contiguous", tag, raster=8), 1)
 
 
 @pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m32n256-w4-c2-gs2"])
 @pytest.mark.parametrize("max_rows", [1, 13, 32])
 def test_wide_tiles_masked_match_reference(tag, max_rows):
-    e, n, k = 20, 1024, 768
-    qe, pw = experts(e, n, k)
-    counts = torch.randint(0, max_rows + 1, (e,), device="cuda", dtype=torch.int32)
-    counts[0], counts[1] = 0, max_rows
-    x = torch.randn(e, max_rows, k, device="cuda").bfloat16()
-    out = poisoned(e, max_rows, n)
-    s = wide("grouped_masked", tag)
-    ops.gemm_masked(x, pw, counts, out=out, schedule=s)
-    check_rows(out, reference.masked_gemm_ref(x, qe, None, counts), what=f"masked {s.id} max_rows={max_rows}")
+    check_masked(wide("grouped_masked", tag), max_rows)
 
 
 @pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m64n512-w8-gs2", "m128n256-w8-gs2"])
