@@ -141,6 +141,10 @@ class Schedule:
                 raise ValueError(f"block_n must be a multiple of 64 in [64, 512] for mainloop wgmma, got {self.block_n}")
             legal_warps = [w for w in (self.block_n // 16, self.block_n // 32, self.block_n // 64)
                            if w % 4 == 0 and 4 <= w <= 16]
+            if not legal_warps:
+                raise ValueError(f"block_n={self.block_n} has no wgmma warp layout: it needs whole warpgroups (4-16 "
+                                 f"warps) of 1, 2 or 4 16-feature weight tiles each (block_n in 64..512 with "
+                                 f"block_n/16 = 4, 8, 12 or 16 warps x 1, 2 or 4)")
             if self.warps not in legal_warps:
                 raise ValueError(f"warps must be one of {legal_warps} for mainloop wgmma with block_n={self.block_n} "
                                  f"(whole warpgroups, each warp 1, 2 or 4 16-feature weight tiles), got {self.warps}")

@@ -159,6 +159,7 @@ def test_every_knob_round_trips_through_the_id():
     (dict(warps=16), "warps must be one of \\[8, 4\\]"),
     (dict(block_n=96, warps=6), "block_n must be a multiple of 64 in \\[64, 512\\]"),
     (dict(block_n=576, warps=8), "block_n must be a multiple of 64"),
+    (dict(block_n=320, warps=5), "block_n=320 has no wgmma warp layout"),
     (dict(block_n=512, warps=4), "warps must be one of \\[16, 8\\]"),
     (dict(block_m=192, block_n=256, warps=8, group_steps=4), "group_steps=4 needs about 192 accumulator"),
     (dict(block_m=64, block_n=512, warps=8, group_steps=3), "group_steps must be one of"),
