@@ -34,6 +34,15 @@ _TAG_FAMILY = {v: k for k, v in _FAMILY_TAG.items()}
 K_BLOCK = 64  # K elements per pipeline stage (fixed by the swap16 layout)
 MAX_SMEM_PER_CTA = 227 * 1024
 WGMMA_OTHER_REGS = 16  # registers a wgmma thread needs at least besides accumulators and A operands (ptxas -v)
+# ... and what ptxas 13.0 used besides them on the wide tiles built (176 x 256 group_steps 1: 246 - 176 - 16 = 54):
+# the heuristic gives a tile two k16 steps per group only where they fit with this much room
+WGMMA_BUILT_OTHER_REGS = 56
+
+
+def wgmma_operand_regs(block_m: int, ntw: int, group_steps: int) -> int:
+    """Accumulator and A-operand registers per thread of a wgmma tile: ntw x block_m/2 fp32
+    accumulators and two register sets of group_steps x ntw A fragments (4 registers each)."""
+    return ntw * block_m // 2 + 2 * group_steps * ntw * 4
 WGMMA_PRODUCER_REGS = 88  # setmaxnreg of the producer warpgroup (WgmmaSwap64::kProducerRegs)
 WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)  # wgmma token tiles worth building (N = 8..256)
 
@@ -163,7 +172,7 @@ class Schedule:
             else:
                 cap = min(255, 65536 // (self.threads * self.ctas_per_sm) // 8 * 8)
             acc = self.ntw * self.block_m // 2
-            a_regs = 2 * self.group_steps * self.ntw * 4  # two register sets of group_steps x ntw A fragments
+            a_regs = wgmma_operand_regs(self.block_m, self.ntw, self.group_steps) - acc
             if acc + a_regs + WGMMA_OTHER_REGS > cap:
                 raise ValueError(f"mainloop wgmma with block_m={self.block_m}, {self.ntw} weight tiles per warp and "
                                  f"group_steps={self.group_steps} needs about {acc} accumulator + {a_regs} A + "
@@ -801,7 +810,7 @@ def _wide_tile(p: Problem, bm: int) -> Schedule | None:
         ntw, bn = 2, 256
     if p.n % bn:
         return None
-    gs = 2 if bm > 32 and ntw * bm // 2 + 16 * ntw + 56 <= 255 else 1
+    gs = 2 if bm > 32 and wgmma_operand_regs(bm, ntw, 2) + WGMMA_BUILT_OTHER_REGS <= 255 else 1
     depth = BUFFERED_K_ELEMS // K_BLOCK if bm <= 32 else None
     return _fitted(p.family, "wgmma", bm, bn, p.n, depth, ntw=ntw, group_steps=gs)
 

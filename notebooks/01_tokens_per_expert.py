@@ -66,13 +66,10 @@ figures.sweep_figure(rows, marker=row)
 # %%
 from chord.workbench import ablate
 
-LABELS, VARIANTS = ablate.rule_variants("tok_e_block_m", "tok_e rule off")
 POINTS = [("ep8-decode-tok1", "indexed", "gate_up"), ("ep8-prefill-tok128", "indexed", "gate_up"),
           ("tp8-m4096", "indexed", "gate_up")]
-abl, where = ablate.ablation("01_tok_e_rule", POINTS, VARIANTS,
-                             "tok_e block-M rule on/off under the heuristic policy, and the tuned profile")
-print(where)
-print(ablate.table(abl, LABELS))
+abl, LABELS = ablate.rule_ablation("01_tok_e_rule", "tok_e_block_m", "tok_e rule off", POINTS,
+                                   "tok_e block-M rule on/off under the heuristic policy, and the tuned profile")
 figures.ablation_figure(ablate.figure_rows(abl, LABELS), LABELS, "tok_e block-M rule: on, off, tuned profile")
 
 # %% [markdown]
@@ -120,6 +117,6 @@ print("the workbench, chord.ops and the vLLM path agree on", len(rows), "shapes"
 from chord.schedule import Schedule
 
 assert abl and all(r["rel_err_vs_first"] < 1e-2 for r in abl), abl
-for r in ablate.schedules(POINTS, {"heuristic": VARIANTS["heuristic"]}):
+for r in ablate.schedules(POINTS, {"heuristic": ablate.policy("heuristic")}):
     bm = Schedule.from_id(r["schedule"]).block_m
     assert bm >= min(r["rows_per_expert"], 256) or bm == 256, r

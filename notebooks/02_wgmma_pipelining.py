@@ -110,15 +110,12 @@ for r in live:
 # MMAs per output element in the same order).
 
 # %%
-LABELS_W, VARIANTS_W = ablate.rule_variants("wide_warp_tiles", "wide tiles off")
 POINTS_W = [("ep8-decode-tok32", "indexed", "gate_up"), ("ep8-decode-tok32", "grouped_masked", "gate_up"),
             ("ep8-prefill-tok64", "grouped_contiguous", "gate_up"), ("ep8-prefill-tok128", "indexed", "gate_up"),
             ("tp8-m1024", "indexed", "gate_up"), ("tp8-m16384", "indexed", "gate_up")]
-abl_w, where_w = ablate.ablation("02_wide_warp_tiles", POINTS_W, VARIANTS_W,
-                                 "wide warp tiles on/off under the heuristic policy, and the profile",
-                                 rep_ms=20 if QUICK else 100)
-print(where_w)
-print(ablate.table(abl_w, LABELS_W))
+abl_w, _ = ablate.rule_ablation("02_wide_warp_tiles", "wide_warp_tiles", "wide tiles off", POINTS_W,
+                                "wide warp tiles on/off under the heuristic policy, and the profile",
+                                rep_ms=20 if QUICK else 100)
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming

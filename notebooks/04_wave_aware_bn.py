@@ -78,14 +78,11 @@ figures.ablation_figure(rows, ["BN=128", "BN=256"], "fastest schedule per block_
 # %%
 from chord.workbench import ablate
 
-LABELS, VARIANTS = ablate.rule_variants("wave_aware_bn", "wave rule off")
 POINTS = [("ep8-decode-tok1", FAMILY, "gate_up"), ("ep8-decode-tok12", FAMILY, "gate_up"),
           ("tp8-m1024", "indexed", "gate_up")]
-abl, where = ablate.ablation("04_wave_aware_bn", POINTS, VARIANTS,
-                             "wave-aware BN on/off under the heuristic policy, and the tuned profile")
-print(where)
-print(ablate.table(abl, LABELS))
-for r in ablate.schedules(POINTS, {"heuristic": VARIANTS["heuristic"]}):
+abl, LABELS = ablate.rule_ablation("04_wave_aware_bn", "wave_aware_bn", "wave rule off", POINTS,
+                                   "wave-aware BN on/off under the heuristic policy, and the tuned profile")
+for r in ablate.schedules(POINTS, {"heuristic": ablate.policy("heuristic")}):
     print(r["scenario"], r["gemm"], "-", decision_row("tp8" if r["scenario"].startswith("tp8") else "ep8", r["family"],
                                                        r["gemm"], r["rows_per_expert"], policy="heuristic")["reason"])
 figures.ablation_figure(ablate.figure_rows(abl, LABELS), LABELS, "wave-aware BN: on, off, tuned profile")
@@ -100,13 +97,10 @@ figures.ablation_figure(ablate.figure_rows(abl, LABELS), LABELS, "wave-aware BN:
 # the estimate is right for TP8 and pessimistic for the EP8 decode point.
 
 # %%
-LABELS_T, VARIANTS_T = ablate.rule_variants("touched_estimate", "touched as balanced")
 POINTS_T = [("ep8-decode-tok1", "indexed", "gate_up"), ("tp8-m64", "indexed", "gate_up"),
             ("tp8-m256", "indexed", "gate_up")]
-abl_t, where_t = ablate.ablation("04_touched_estimate", POINTS_T, VARIANTS_T,
-                                 "touched-experts estimate on/off under the heuristic policy, and the tuned profile")
-print(where_t)
-print(ablate.table(abl_t, LABELS_T))
+abl_t, LABELS_T = ablate.rule_ablation("04_touched_estimate", "touched_estimate", "touched as balanced", POINTS_T,
+                                       "touched-experts estimate on/off under the heuristic policy, and the tuned profile")
 figures.ablation_figure(ablate.figure_rows(abl_t, LABELS_T), LABELS_T, "touched-experts estimate: on, off, profile")
 
 # %% [markdown]

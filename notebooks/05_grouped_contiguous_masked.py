@@ -86,13 +86,10 @@ print(ablate.table(abl, LABELS))
 # (`heuristic,-wgmma_raster`): launch order. Next to it the tuned profile.
 
 # %%
-LABELS_R, VARIANTS_R = ablate.rule_variants("wgmma_raster", "raster rule off")
 POINTS_R = [("ep8-prefill-tok64", "grouped_contiguous", "gate_up"), ("ep8-prefill-tok128", "grouped_contiguous", "gate_up"),
             ("ep8-prefill-tok128", "grouped_contiguous", "down"), ("ep8-prefill-tok256", "grouped_contiguous", "down")]
-abl_r, where_r = ablate.ablation("05_wgmma_raster", POINTS_R, VARIANTS_R,
-                                 "raster 8 on every wgmma tile on/off under the heuristic policy, and the profile")
-print(where_r)
-print(ablate.table(abl_r, LABELS_R))
+abl_r, _ = ablate.rule_ablation("05_wgmma_raster", "wgmma_raster", "raster rule off", POINTS_R,
+                                "raster 8 on every wgmma tile on/off under the heuristic policy, and the profile")
 
 # %% [markdown]
 # ## Measured: latency-tuned buffered-K on masked decode
@@ -106,15 +103,12 @@ print(ablate.table(abl_r, LABELS_R))
 # way. Next to it the tuned profile.
 
 # %%
-LABELS_B, VARIANTS_B = ablate.rule_variants("buffered_k", "buffered-K off")
 POINTS_B = [(f"ep8-decode-tok{t}", "grouped_masked", g) for t in (1, 4, 12, 32) for g in ("gate_up", "down")]
-abl_b, where_b = ablate.ablation("05_buffered_k", POINTS_B, VARIANTS_B,
-                                 "buffered-K on/off under the heuristic policy on masked decode, and the profile")
-print(where_b)
-print(ablate.table(abl_b, LABELS_B))
+abl_b, _ = ablate.rule_ablation("05_buffered_k", "buffered_k", "buffered-K off", POINTS_B,
+                                "buffered-K on/off under the heuristic policy on masked decode, and the profile")
 from chord.schedule import Schedule
 
-for r in ablate.schedules(POINTS_B[-2:], {"heuristic": VARIANTS_B["heuristic"]}):
+for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic")}):
     s = Schedule.from_id(r["schedule"])
     print(r["scenario"], r["gemm"], r["schedule"], f"{s.stages * 64} K elements in flight per CTA,",
           f"{s.smem_bytes * s.ctas_per_sm // 1024} KB of shared memory per SM")

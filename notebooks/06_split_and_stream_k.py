@@ -84,11 +84,8 @@ figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n
 # %%
 from chord.workbench import ablate
 
-SK_LABELS, SK_VARIANTS = ablate.rule_variants("split_k_gate", "split-K gate off")
-sk, where = ablate.ablation("06_split_k_gate", [(SCENARIO, "indexed", "gate_up")], SK_VARIANTS,
-                            "split-K gate on/off under the heuristic policy, and the tuned profile")
-print(where)
-print(ablate.table(sk, SK_LABELS))
+sk, _ = ablate.rule_ablation("06_split_k_gate", "split_k_gate", "split-K gate off", [(SCENARIO, "indexed", "gate_up")],
+                             "split-K gate on/off under the heuristic policy, and the tuned profile")
 NT_LABELS = ["profile", "n_tiles off"]
 nt, where = ablate.ablation("06_n_tiles", [("tp8-m64", "indexed", "down"), ("tp8-m256", "indexed", "down")],
                             {"profile": ablate.policy("profile"), "n_tiles off": ablate.knob_off("multi-tile CTAs")},

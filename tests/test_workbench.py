@@ -211,3 +211,27 @@ def test_ablate_refuses_a_mistyped_gemm_or_family():
         ablate.schedules([("tp8-m64", "indexed", "gateup")], {"profile": ablate.policy("profile")})
     with pytest.raises(ValueError, match="scenario tp8-m64 runs families"):
         ablate.schedules([("tp8-m64", "grouped_contiguous", "down")], {"profile": ablate.policy("profile")})
+
+
+def test_recorded_ablation_names_rows_measured_with_other_decisions(tmp_path, monkeypatch, capsys):
+    """A committed table measured before a rule or the profile changed is shown, labelled stale
+    row by row; one that matches today's decisions is not."""
+    from chord.workbench import ablate, data
+
+    points = [("tp8-m1024", "indexed", "gate_up")]
+    labels, variants = ablate.rule_variants("wide_warp_tiles", "wide tiles off")
+    now = ablate.schedules(points, variants)
+    rows = [{**r, "us": 100.0, "TFLOP_per_s": 1.0, "same_bits_as_first": True, "rel_err_vs_first": 0.0} for r in now]
+    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(data, "gpu_available", lambda: False)
+    data.save_table("fresh", rows, "today's decisions", out_dir=tmp_path)
+    assert ablate.stale_rows(rows, points, variants) == []
+    assert "other decisions" not in ablate.ablation("fresh", points, variants, "w")[1]
+    old = [dict(r, schedule="idx-m32n128k64-w8-s8-c1-wgmma") if r["variant"] == "profile" else r for r in rows]
+    data.save_table("old", old, "before the profile changed", out_dir=tmp_path)
+    stale = ablate.stale_rows(old, points, variants)
+    assert [(r["variant"], r["recorded"]) for r in stale] == [("profile", "idx-m32n128k64-w8-s8-c1-wgmma")]
+    got, lab = ablate.rule_ablation("old", "wide_warp_tiles", "wide tiles off", points, "w")
+    assert lab == labels and got == old
+    out = capsys.readouterr().out
+    assert "recorded with other decisions than today's for: tp8-m1024 indexed gate_up profile" in out

@@ -98,8 +98,42 @@ def measure(points, variants: dict, rep_ms: float = 20.0) -> list[dict]:
 
 
 def ablation(name: str, points, variants: dict, what: str, rep_ms: float = 20.0) -> tuple[list[dict], str]:
-    """(rows, where they come from): `measure` live, or the committed notebooks/data/<name>.csv."""
-    return live_or_recorded(name, lambda: measure(points, variants, rep_ms), what)
+    """(rows, where they come from): `measure` live, or the committed notebooks/data/<name>.csv.
+    A recorded table whose schedules are no longer what the variants select (a rule or the
+    profile changed since it was measured) says so in `where`, naming the rows (:func:`stale_rows`)."""
+    rows, where = live_or_recorded(name, lambda: measure(points, variants, rep_ms), what)
+    if where.startswith("recorded"):
+        stale = stale_rows(rows, points, variants)
+        if stale:
+            where += ("\nrecorded with other decisions than today's for: "
+                      + "; ".join(f"{r['scenario']} {r['family']} {r['gemm']} {r['variant']} (recorded {r['recorded']}, "
+                                  f"now {r['now']})" for r in stale))
+    return rows, where
+
+
+def stale_rows(rows: list[dict], points, variants: dict) -> list[dict]:
+    """The (point, variant) rows of a recorded table whose schedule is not the one the variant
+    selects now (pure: no GPU), each with its `recorded` and `now` schedule ids."""
+    recorded = {(r["scenario"], r["family"], r["gemm"], r["variant"]): r["schedule"] for r in rows}
+    out = []
+    for r in schedules(points, variants):
+        key = (r["scenario"], r["family"], r["gemm"], r["variant"])
+        if key in recorded and r["schedule"] is not None and recorded[key] != r["schedule"]:
+            out.append({"scenario": key[0], "family": key[1], "gemm": key[2], "variant": key[3],
+                        "recorded": recorded[key], "now": r["schedule"]})
+    return out
+
+
+def rule_ablation(name: str, rule: str, off_label: str, points, what: str,
+                  rep_ms: float = 20.0) -> tuple[list[dict], list[str]]:
+    """A heuristic rule's ablation in one call, as the notebooks show it: the variants of
+    :func:`rule_variants` on `points` (:func:`ablation`, live or the committed table `name`),
+    printed with where they come from and as :func:`table`. Returns (rows, labels)."""
+    labels, variants = rule_variants(rule, off_label)
+    rows, where = ablation(name, points, variants, what, rep_ms)
+    print(where)
+    print(table(rows, labels))
+    return rows, labels
 
 
 def table(rows: list[dict], labels: list[str]) -> str:

@@ -202,33 +202,27 @@ def test_wgmma_cuda_graph_replay_with_new_routing(producer):
 # Wide warp tiles: 2 or 4 16-feature weight tiles per warp (block_n / 16 / warps), with one, two or
 # four k16 steps per wgmma group (group_steps). The ids the profile and the heuristic use, plus the
 # extremes: 4 warps x 4 tiles, the 192-row tile at 255 registers, the producer warpgroup.
-WIDE = ["m32n512-w8-gs1", "m32n512-w8-gs2", "m32n256-w4-c2-gs2", "m64n512-w8-gs2", "m128n256-w8-gs2",
-        "m176n256-w8-gs2", "m192n256-w8-gs1", "m16n128-w4-gs4", "m64n256-w8-ws1-gs1"]
+WIDE = ["idx-m32n512k64-w8-s8-c1-wgmma-gs1", "idx-m32n512k64-w8-s8-c1-wgmma-gs2", "idx-m32n256k64-w4-s8-c2-wgmma-gs2",
+        "idx-m64n512k64-w8-s5-c1-wgmma-gs2", "idx-m128n256k64-w8-s5-c1-wgmma-gs2", "idx-m176n256k64-w8-s5-c1-wgmma-gs2",
+        "idx-m192n256k64-w8-s5-c1-wgmma-gs1", "idx-m16n128k64-w4-s8-c1-wgmma", "idx-m64n256k64-w8-s5-c1-wgmma-ws1-gs1"]
 
 
-def wide(family, tag, **kw):
-    """Schedule of a WIDE tag ('m32n512-w8-gs1': block_m 32, block_n 512, 8 warps, group_steps 1)."""
-    parts = {}
-    for p in tag.split("-"):
-        key = p[:2] if p[:2] in ("gs", "ws") else p[:1]
-        parts[key] = p[len(key):]
-    bm, bn = (int(v) for v in parts["m"].split("n"))
-    s = Schedule(family, bm, bn, int(parts["w"]), 5 if bm > 32 else 8, int(parts.get("c", 1)), mainloop="wgmma",
-                 group_steps=int(parts["gs"]), producer=int(parts.get("ws", 0)))
-    return override(s, **kw) if kw else s
+def wide(family, sid, **kw):
+    """The WIDE schedule `sid` for `family`, with `kw` knobs changed."""
+    return override(Schedule.from_id(sid), family=family, **kw)
 
 
-def test_wide_tags_are_wide():
-    for tag in WIDE:
-        s = wide("indexed", tag)
-        assert s.ntw > 1, tag
+def test_wide_ids_are_wide():
+    for sid in WIDE:
+        s = wide("indexed", sid)
+        assert s.ntw > 1, sid
         assert Schedule.from_id(s.id) == s
 
 
-@pytest.mark.parametrize("tag", WIDE)
+@pytest.mark.parametrize("sid", WIDE)
 @pytest.mark.parametrize("k", [64, 704, 2048])  # 1, 11 (odd) and 32 K blocks
-def test_wide_tiles_indexed_match_reference(tag, k):
-    s = wide("indexed", tag)
+def test_wide_tiles_indexed_match_reference(sid, k):
+    s = wide("indexed", sid)
     e, n, m, top_k = 12, 512, 157, 4
     qe, pw = experts(e, n, k)
     r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=k, device="cuda"), s.block_m, e)
@@ -237,22 +231,22 @@ def test_wide_tiles_indexed_match_reference(tag, k):
     assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL, s.id
 
 
-@pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m64n512-w8-gs2", "m192n256-w8-gs1", "m64n256-w8-ws1-gs1"])
-def test_wide_tiles_contiguous_match_reference(tag):
-    check_contiguous(wide("grouped_contiguous", tag, raster=8), 1)
+@pytest.mark.parametrize("sid", [WIDE[0], WIDE[3], WIDE[6], WIDE[8]])
+def test_wide_tiles_contiguous_match_reference(sid):
+    check_contiguous(wide("grouped_contiguous", sid, raster=8), 1)
 
 
-@pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m32n256-w4-c2-gs2"])
+@pytest.mark.parametrize("sid", [WIDE[0], WIDE[2]])
 @pytest.mark.parametrize("max_rows", [1, 13, 32])
-def test_wide_tiles_masked_match_reference(tag, max_rows):
-    check_masked(wide("grouped_masked", tag), max_rows)
+def test_wide_tiles_masked_match_reference(sid, max_rows):
+    check_masked(wide("grouped_masked", sid), max_rows)
 
 
-@pytest.mark.parametrize("tag", ["m32n512-w8-gs1", "m64n512-w8-gs2", "m128n256-w8-gs2"])
-def test_wide_tiles_group_steps_wait_and_width_are_bit_identical(tag):
-    """group_steps 1/2/4, wait_group 1 vs 0, 1 vs 2-4 weight tiles per warp, rasters, split-K 1 vs
-    n_tiles: the same MMAs in the same order per output element, so the same bits."""
-    base = wide("indexed", tag)
+@pytest.mark.parametrize("sid", [WIDE[0], WIDE[3], WIDE[4]])
+def test_wide_tiles_group_steps_wait_and_width_are_bit_identical(sid):
+    """wait_group 1 vs 0, raster, ring depth, group_steps 1/2/4 and one vs 2-4 weight tiles per
+    warp: the same MMAs in the same order per output element, so the same bits."""
+    base = wide("indexed", sid)
     e, n, k, m, top_k = 16, 1024, 1536, 300, 8
     qe, pw = experts(e, n, k)
     r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=5, device="cuda"), base.block_m, e)
@@ -271,4 +265,4 @@ def test_wide_tiles_group_steps_wait_and_width_are_bit_identical(tag):
 
 
 def test_wide_tiles_cuda_graph_replay_with_new_routing():
-    check_indexed_graph_replay(wide("indexed", "m32n512-w8-gs1"), e=16, n=512, k=1024, m=40, top_k=4)
+    check_indexed_graph_replay(wide("indexed", WIDE[0]), e=16, n=512, k=1024, m=40, top_k=4)
