@@ -101,6 +101,13 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "loading across tile boundaries, so at short K (TP8 down: 4 K blocks) the ring stays full instead "
                  "of filling and draining per tile; off: one N block per CTA",
                  "knob", "n_tiles", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("stmatrix epilogue",
+                 "each warp moves its fp32 accumulators to the staged bf16 output tile with stmatrix.trans, one "
+                 "instruction per two 8-token groups of a 16-feature tile (the fragment of a group is two 8x8 "
+                 "matrices, features x tokens, stored as token rows); off: one 16-bit shared store per value. "
+                 "Same output bits; it counts where the epilogue is a large part of a tile's life (short K: TP8 "
+                 "down)",
+                 "knob", "stmatrix", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("bounded 2-CTA/SM window",
                  "register budget for two resident CTAs per SM on mid-size tiles, to hide cp.async latency; off: "
                  "one CTA per SM",

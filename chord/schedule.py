@@ -109,6 +109,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("n_tiles", "nt", 1, (1, 2, 4, 8), "NTILES",
          "consecutive N blocks one CTA walks through one continuous ring (the next tile loads while a "
          "tile's epilogue runs; for short K, where a one-tile CTA mostly fills and drains its ring)", off=1),
+    Knob("stmatrix", "stm", 1, (0, 1), "STMATRIX",
+         "epilogue: 1 = fragments to the staged bf16 tile with stmatrix.trans (one instruction per 2 x 64 values "
+         "of a warp), 0 = one 16-bit shared store per value (same output bits)", off=0, requires=(("swap", 1),)),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -131,6 +134,7 @@ class Schedule:
     raster: int = 0  # token tiles per raster group (0: launch order)
     swap: int = 1  # mma: 1 = weights on the MMA M side (operand swap), 0 = tokens on M (16-row tiles)
     n_tiles: int = 1  # consecutive N blocks per CTA, one continuous ring
+    stmatrix: int = 1  # epilogue: stmatrix.trans fragment stores (0: one 16-bit store per value)
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -187,6 +191,9 @@ class Schedule:
             for name in ("wgmma_wait", "producer", "group_steps"):
                 if getattr(self, name) != KNOB[name].default:
                     raise ValueError(f"{name} applies to mainloop wgmma only, got {getattr(self, name)} with mma")
+            if self.swap == 0 and self.stmatrix != KNOB["stmatrix"].default:
+                raise ValueError(f"stmatrix applies to the swapped layout only (swap=1), got stmatrix={self.stmatrix} "
+                                 f"with swap=0")
             if self.swap == 0 and self.block_m % 16:
                 raise ValueError(f"swap=0 (tokens on the MMA M side) needs block_m a multiple of 16, got {self.block_m}")
         if not 2 <= self.stages <= 12:
@@ -194,7 +201,8 @@ class Schedule:
         if self.n_tiles > 1 and (self.split_k != 1 or self.producer):
             raise ValueError(f"n_tiles={self.n_tiles} needs split_k=1 and producer=0 (one output tile per split-K CTA; "
                              f"the producer loop walks one tile), got split_k={self.split_k}, producer={self.producer}")
-        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles"):
+        for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles",
+                     "stmatrix"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -272,7 +280,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-stm0]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):

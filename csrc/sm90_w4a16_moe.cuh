@@ -3,7 +3,7 @@
 //   x main loop (MmaSwap16: cp.async + mma.sync; WgmmaSwap64: cp.async + wgmma, multistage or
 //     with a producer warp and mbarriers; mainloop/)
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
-//   x N tiles per CTA (NTILES).
+//   x N tiles per CTA (NTILES) x epilogue fragment stores (STMATRIX, moe/epilogue.cuh).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
 // tile after the other through one continuous pipeline (the ring keeps loading the next tile's
 // K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile
@@ -28,7 +28,7 @@ struct MaxOf {
   static constexpr int value = A > B ? A : B;
 };
 
-template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1>
+template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true>
 struct MoeKernel {
   static_assert(SPLIT >= 1, "SPLIT >= 1");
   static_assert(NTILES >= 1, "NTILES >= 1");
@@ -77,7 +77,8 @@ struct MoeKernel {
     // the threads that hold accumulators (a producer warpgroup has left by then).
     auto epilogue = [&](int t, const typename Mainloop::Acc& a) {
       constexpr int kEpi = Mainloop::kEpilogueThreads;
-      store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads, Mainloop::kSwapped>(
+      store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads, Mainloop::kSwapped,
+                 STMATRIX>(
           p, a, tc.n_block * NTILES + t, out_row, smem + kEpiOffset);
     };
     Mainloop::template run<NTILES>(p, e, tc.n_block * NTILES, in_row, kb_begin, kb_end, smem, acc, epilogue);

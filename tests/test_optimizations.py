@@ -48,7 +48,8 @@ def test_planned_entries_cannot_be_switched_off():
 def test_wgmma_prefill_schedule_ablations():
     s = Schedule.from_id("gcon-m128n256k64-w16-s5-c1-wgmma-r8")
     ab = O.ablations(s)
-    assert set(ab) == {"wgmma main loop", "batched wgmma.wait_group 1", "tile raster"}
+    assert set(ab) == {"wgmma main loop", "batched wgmma.wait_group 1", "tile raster", "stmatrix epilogue"}
+    assert ab["stmatrix epilogue"].id == "gcon-m128n256k64-w16-s5-c1-wgmma-r8-stm0"
     assert ab["wgmma main loop"].id == "gcon-m128n256k64-w4-s5-c1-r8"
     assert ab["batched wgmma.wait_group 1"].id == "gcon-m128n256k64-w16-s5-c1-wgmma-wait0-r8"
     assert ab["tile raster"].id == "gcon-m128n256k64-w16-s5-c1-wgmma"

@@ -7,6 +7,11 @@
 // Unswapped (SWAPPED = false, tokens on the MMA M side), in 16-token groups u and feature halves h:
 // acc[j][2u+h] = {(feature 8h+2t, token 16u+g), (8h+2t+1, 16u+g), (8h+2t, 16u+g+8), (8h+2t+1, 16u+g+8)}.
 //
+// STMATRIX (swapped layout, SPLIT == 1): each warp moves its fragments to the staged tile with
+// `stmatrix.trans`, one instruction per two 8-token groups of a 16-feature tile (the C fragment
+// of a group is two 8x8 matrices, features x tokens, stored transposed as token rows); else one
+// 16-bit shared store per value. The bf16 values, hence the output bits, are the same.
+//
 // SPLIT > 1: partial fp32 tiles meet in `workspace`; the last CTA of the tile to arrive (counted
 // in `counters`, reset to 0 by that CTA so CUDA-graph replays start clean) sums them in z order
 // (deterministic) and stores the bf16 rows. Threads 0..THREADS-1 call it (ALL: every thread
@@ -18,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include "../common/params.cuh"
+#include "../common/ptx.cuh"
 
 namespace chord {
 
@@ -38,7 +44,8 @@ __device__ __forceinline__ void epilogue_sync() {
   }
 }
 
-template <int BT, int BN, int THREADS, int MMA_WARPS, int NTW, int SPLIT, bool ALL = true, bool SWAPPED = true>
+template <int BT, int BN, int THREADS, int MMA_WARPS, int NTW, int SPLIT, bool ALL = true, bool SWAPPED = true,
+          bool STMATRIX = true>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[NTW][BT / 8][4], int n_block,
                                            const int64_t* __restrict__ out_row, uint8_t* smem) {
   using E = EpilogueConfig<BT, BN>;
@@ -79,7 +86,29 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     }
   };
 
-  if constexpr (SPLIT == 1) {
+  if constexpr (SPLIT == 1 && SWAPPED && STMATRIX) {
+    if (warp < MMA_WARPS) {
+      // lane -> the row address of matrix lane/8 (m % 2: feature half, m / 2: which token group)
+      const int m = lane / 8, r = lane % 8;
+      const uint32_t base = smem_u32(sc);
+      auto pack = [](float lo, float hi) { return as_u32(__floats2bfloat162_rn(lo, hi)); };
+#pragma unroll
+      for (int j = 0; j < NTW; ++j) {
+        const int n0 = (warp * NTW + j) * 16 + (m % 2) * 8;
+#pragma unroll
+        for (int i = 0; i + 1 < kTT; i += 2) {
+          const uint32_t addr = base + static_cast<uint32_t>(((i + m / 2) * 8 + r) * E::kCStride + n0) * 2u;
+          stmatrix_x4_trans(addr, pack(acc[j][i][0], acc[j][i][1]), pack(acc[j][i][2], acc[j][i][3]),
+                            pack(acc[j][i + 1][0], acc[j][i + 1][1]), pack(acc[j][i + 1][2], acc[j][i + 1][3]));
+        }
+        if constexpr (kTT % 2) {  // the last, odd 8-token group: two matrices (lanes 0-15 address them)
+          constexpr int i = kTT - 1;
+          const uint32_t addr = base + static_cast<uint32_t>((i * 8 + r) * E::kCStride + n0) * 2u;
+          stmatrix_x2_trans(addr, pack(acc[j][i][0], acc[j][i][1]), pack(acc[j][i][2], acc[j][i][3]));
+        }
+      }
+    }
+  } else if constexpr (SPLIT == 1) {
     walk([&](int tok, int n, float v) { sc[tok * E::kCStride + n] = __float2bfloat16_rn(v); });
   } else {
     __shared__ int s_last;
@@ -94,11 +123,20 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     if (!s_last) return;  // uniform: another CTA of this tile finishes it
     __threadfence();
     const float* base = p.workspace + tile * SPLIT * (BT * BN);
-    for (int e = tid; e < BT * BN; e += THREADS) {
-      float v = 0.f;
+    static_assert(BN % 4 == 0, "the split-K fix-up sums 4 features at a time");
+    for (int e = tid * 4; e < BT * BN; e += THREADS * 4) {  // each value summed in z order (deterministic)
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int z = 0; z < SPLIT; ++z) v += __ldcg(base + z * (BT * BN) + e);
-      sc[(e / BN) * E::kCStride + (e % BN)] = __float2bfloat16_rn(v);
+      for (int z = 0; z < SPLIT; ++z) {
+        const float4 w = __ldcg(reinterpret_cast<const float4*>(base + z * (BT * BN) + e));
+        v.x += w.x;
+        v.y += w.y;
+        v.z += w.z;
+        v.w += w.w;
+      }
+      __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(sc + (e / BN) * E::kCStride + (e % BN));
+      d[0] = __floats2bfloat162_rn(v.x, v.y);
+      d[1] = __floats2bfloat162_rn(v.z, v.w);
     }
     if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (and CUDA-graph replays)
   }

@@ -93,3 +93,26 @@ def test_every_optimization_switched_off_matches_reference(sched):
         got, ref, rows = run_family(s, qe, pw, seed=11)
         assert rows > 0
         assert rel_err(got, ref) < BF16_TOL, f"{name}: {s.id}"
+
+
+# The stmatrix epilogue against one 16-bit store per value: an odd number of 8-token groups
+# (the x2 tail), 1-4 weight tiles per warp, both main loops, split-K beside it (its fix-up has
+# its own path), every family: the same bits, and the reference.
+STMATRIX_CASES = ["m8n64k64-w4-s8-c1", "m24n128k64-w4-s4-c1", "m40n128k64-w8-s4-c1-wgmma",
+                  "m192n256k64-w8-s4-c1-wgmma-gs1-r8", "m32n512k64-w8-s4-c1-wgmma-gs1", "m16n128k64-w4-s4-c1-sk3",
+                  "m96n128k64-w8-s4-c1-wgmma-r8-nt4"]
+
+
+@pytest.mark.parametrize("family", ["indexed", "grouped_contiguous", "grouped_masked"])
+@pytest.mark.parametrize("case", STMATRIX_CASES)
+def test_stmatrix_epilogue_same_bits(family, case):
+    tag = {"indexed": "idx", "grouped_contiguous": "gcon", "grouped_masked": "gmsk"}[family]
+    on = Schedule.from_id(f"{tag}-{case}")
+    off = optimizations.BY_NAME["stmatrix epilogue"].switch_off(on)
+    assert on.stmatrix == 1 and off.stmatrix == 0
+    qe, pw = experts(6, 512, 704)
+    got_on, ref, rows = run_family(on, qe, pw, seed=5)
+    got_off, _, _ = run_family(off, qe, pw, seed=5)
+    assert rows > 0
+    assert torch.equal(got_on.view(torch.int16), got_off.view(torch.int16)), (on.id, off.id)
+    assert rel_err(got_on, ref) < BF16_TOL, on.id
