@@ -24,7 +24,7 @@ import torch
 from chord import checks, formats, jit, profiling
 from chord._env import flag
 from chord.profiling import nvtx_range
-from chord.schedule import Problem, Schedule, load_profile, override, profile_for, select
+from chord.schedule import K_BLOCK, Problem, Schedule, load_profile, override, profile_for, select
 
 if TYPE_CHECKING:  # pragma: no cover
     from chord.formats import PackedExperts
@@ -112,7 +112,7 @@ def _check_weights(fn: str, x: torch.Tensor, qweight: torch.Tensor, scales: torc
     return e, n, k
 
 
-def _check_schedule(fn: str, schedule: str, family: str, n: int) -> Schedule:
+def _check_schedule(fn: str, schedule: str, family: str, n: int, k: int | None = None) -> Schedule:
     if not isinstance(schedule, str):
         raise TypeError(f"{fn}: schedule must be a schedule id string, got {type(schedule).__name__}")
     s = Schedule.from_id(schedule)
@@ -121,6 +121,9 @@ def _check_schedule(fn: str, schedule: str, family: str, n: int) -> Schedule:
     if n % s.block_n_cta:
         what = f"block_n={s.block_n}" + (f" x n_tiles={s.n_tiles}" if s.n_tiles > 1 else "")
         raise ValueError(f"{fn}: schedule {schedule}: {what} does not divide N={n}")
+    if s.persistent and k is not None and k // K_BLOCK < s.stages - 2:
+        raise ValueError(f"{fn}: schedule {schedule}: persistent=1 keeps the ring at most one tile ahead, so it "
+                         f"needs K/64 >= stages-2 = {s.stages - 2} K blocks, got K={k}")
     return s
 
 
@@ -267,11 +270,18 @@ def _cap_for(g: int, n: int) -> int:
     return 8 if g == formats.tile_group(n, 8) else g
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,
             schedule_id: str, qweight: torch.Tensor, n: int) -> None:
     kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stream = _raw_stream(dev)
+    if sched.persistent:  # about one wave of CTAs walks the grid's tiles (csrc/moe/rows.cuh, TileWalker)
+        grid = (min(grid[0] * grid[1], _sm_count(dev) * kernel.ctas_per_sm(dev, sched.threads)), 1, 1)
     if profiling.nvtx_enabled():
         with nvtx_range(op, schedule_id):
             kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream)
@@ -300,7 +310,7 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
         raise ValueError(f"{fn}: top_k must be a positive int, got {top_k!r}")
     if isinstance(block_m, bool) or not isinstance(block_m, int):
         raise ValueError(f"{fn}: block_m must be an int (the routing's block size), got {block_m!r}")
-    s = _check_schedule(fn, schedule, "indexed", n)
+    s = _check_schedule(fn, schedule, "indexed", n, k)
     if block_m != s.block_m:
         raise ValueError(f"{fn}: block_m={block_m} (the routing's block size) must equal the schedule's block_m={s.block_m}")
     if out.shape[0] < x.shape[0] * top_k:
@@ -361,7 +371,7 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
         raise ValueError(f"{fn}: expert_offsets must have E+1={e + 1} entries, got {expert_offsets.numel()}")
     if out.shape[0] < x.shape[0]:
         raise ValueError(f"{fn}: out must have at least as many rows as x ({x.shape[0]}), got {out.shape[0]}")
-    return _check_schedule(fn, schedule, "grouped_contiguous", n), e, n, k
+    return _check_schedule(fn, schedule, "grouped_contiguous", n, k), e, n, k
 
 
 def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check=None):
@@ -413,7 +423,7 @@ def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
         max_rows = x.shape[0] // e
     if out.numel() // n != e * max_rows:
         raise ValueError(f"{fn}: out must hold E*max_rows={e * max_rows} rows of N={n}, got {tuple(out.shape)}")
-    return _check_schedule(fn, schedule, "grouped_masked", n), e, n, k, max_rows
+    return _check_schedule(fn, schedule, "grouped_masked", n, k), e, n, k, max_rows
 
 
 def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check=None):

@@ -109,6 +109,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("n_tiles", "nt", 1, (1, 2, 4, 8), "NTILES",
          "consecutive N blocks one CTA walks through one continuous ring (the next tile loads while a "
          "tile's epilogue runs; for short K, where a one-tile CTA mostly fills and drains its ring)", off=1),
+    Knob("persistent", "ps", 0, (0, 1), "PERSISTENT",
+         "wgmma multistage: 1 = about one wave of CTAs walks every (token tile, n_tiles N blocks) item, one "
+         "continuous ring across items (indexed: up to the device's num_tokens_post_padded), 0 = one CTA per "
+         "item", off=0, requires=(("mainloop", "wgmma"),)),
     Knob("stmatrix", "stm", 1, (0, 1), "STMATRIX",
          "epilogue: 1 = fragments to the staged bf16 tile with stmatrix.trans (one instruction per 2 x 64 values "
          "of a warp), 0 = one 16-bit shared store per value (same output bits)", off=0, requires=(("swap", 1),)),
@@ -135,6 +139,7 @@ class Schedule:
     swap: int = 1  # mma: 1 = weights on the MMA M side (operand swap), 0 = tokens on M (16-row tiles)
     n_tiles: int = 1  # consecutive N blocks per CTA, one continuous ring
     stmatrix: int = 1  # epilogue: stmatrix.trans fragment stores (0: one 16-bit store per value)
+    persistent: int = 0  # wgmma multistage: ~one wave of CTAs walks every tile through one ring
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -198,11 +203,15 @@ class Schedule:
                 raise ValueError(f"swap=0 (tokens on the MMA M side) needs block_m a multiple of 16, got {self.block_m}")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages must be in [2, 12], got {self.stages}")
+        if self.persistent and (not wg or self.producer or self.split_k != 1):
+            raise ValueError(f"persistent=1 needs mainloop wgmma with producer=0 and split_k=1 (the multistage ring "
+                             f"walks the CTA's tiles), got mainloop={self.mainloop}, producer={self.producer}, "
+                             f"split_k={self.split_k}")
         if self.n_tiles > 1 and (self.split_k != 1 or self.producer):
             raise ValueError(f"n_tiles={self.n_tiles} needs split_k=1 and producer=0 (one output tile per split-K CTA; "
                              f"the producer loop walks one tile), got split_k={self.split_k}, producer={self.producer}")
         for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles",
-                     "stmatrix"):
+                     "stmatrix", "persistent"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -231,7 +240,7 @@ class Schedule:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory: one tile per CTA, the pipeline or the epilogue tile, whichever is
-        larger (the epilogue reuses the drained ring); several (n_tiles > 1), both (the ring keeps
+        larger (the epilogue reuses the drained ring); several (n_tiles > 1, persistent), both (the ring keeps
         loading during an epilogue); plus the base-alignment slack of the wgmma ring (mirrors
         ``MoeKernel::kSmemBytes`` in csrc, which every rendered kernel static_asserts against this
         number)."""
@@ -243,14 +252,16 @@ class Schedule:
             stage = -(-stage // 1024) * 1024
             slack = 1024 - 16
         ring = self.stages * stage
-        return (ring + epilogue if self.n_tiles > 1 else max(ring, epilogue)) + slack
+        both = self.n_tiles > 1 or self.persistent
+        return (ring + epilogue if both else max(ring, epilogue)) + slack
 
     @property
     def static_smem_bytes(self) -> int:
         """Upper bound of the kernel's static shared memory: the tile's input and output row
-        indices (2 x 8 B per token row) plus the scalars and mbarriers (ptxas -v: 16 x block_m +
-        128 at most on every schedule built); it counts against the same 227 KB as the ring."""
-        return 16 * self.block_m + 256
+        indices (2 x 8 B per token row; persistent: three tiles' worth) plus the scalars and mbarriers
+        (ptxas -v: 16 x block_m + 128 at most on every schedule built); it counts against the same
+        227 KB as the ring."""
+        return 16 * self.block_m * (3 if self.persistent else 1) + 256
 
     @property
     def block_n_cta(self) -> int:
@@ -280,7 +291,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-stm0]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):

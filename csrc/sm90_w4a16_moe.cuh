@@ -3,7 +3,9 @@
 //   x main loop (MmaSwap16: cp.async + mma.sync; WgmmaSwap64: cp.async + wgmma, multistage or
 //     with a producer warp and mbarriers; mainloop/)
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
-//   x N tiles per CTA (NTILES) x epilogue fragment stores (STMATRIX, moe/epilogue.cuh).
+//   x N tiles per CTA (NTILES) x epilogue fragment stores (STMATRIX, moe/epilogue.cuh)
+//   x persistent CTAs (PERSISTENT: a grid of about one wave walks every tile, moe/rows.cuh
+//     TileWalker; wgmma multistage ring).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
 // tile after the other through one continuous pipeline (the ring keeps loading the next tile's
 // K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile
@@ -28,33 +30,58 @@ struct MaxOf {
   static constexpr int value = A > B ? A : B;
 };
 
-template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true>
+template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true,
+          bool PERSISTENT = false>
 struct MoeKernel {
   static_assert(SPLIT >= 1, "SPLIT >= 1");
   static_assert(NTILES >= 1, "NTILES >= 1");
   static_assert(NTILES == 1 || SPLIT == 1, "NTILES > 1 needs SPLIT == 1 (split-K tiles are one per CTA)");
+  static_assert(!PERSISTENT || SPLIT == 1, "PERSISTENT needs SPLIT == 1 (split-K tiles are one per CTA)");
   static constexpr int kThreads = Mainloop::kThreads;
   // Dynamic shared memory, plus the slack that aligning the base to Mainloop::kAlign can cost
   // (the dynamic segment itself is 16-byte aligned). One tile per CTA: the pipeline or the
   // epilogue tile (the epilogue reuses the drained ring). Several: the ring, then the epilogue
   // tile after it (the ring is still loading the next tile while an epilogue runs).
-  static constexpr int kEpiOffset = NTILES > 1 ? Mainloop::kSmemBytes : 0;
+  static constexpr bool kRingAndEpilogue = NTILES > 1 || PERSISTENT;
+  static constexpr int kEpiOffset = kRingAndEpilogue ? Mainloop::kSmemBytes : 0;
   static constexpr int kSmemBytes =
-      (NTILES > 1 ? Mainloop::kSmemBytes + EpilogueConfig<BT, BN>::kSmemBytes
+      (kRingAndEpilogue ? Mainloop::kSmemBytes + EpilogueConfig<BT, BN>::kSmemBytes
                   : MaxOf<Mainloop::kSmemBytes, EpilogueConfig<BT, BN>::kSmemBytes>::value) +
       (Mainloop::kAlign > 128 ? Mainloop::kAlign - 16 : 0);
   static_assert(kEpiOffset % 16 == 0, "the epilogue tile is 16-byte aligned");
 
   __device__ __forceinline__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
-    __shared__ int64_t in_row[BT];
-    __shared__ int64_t out_row[BT];
+    // token rows of the tile (persistent: of three tiles, moe/rows.cuh TileWalker)
+    __shared__ int64_t in_rows[PERSISTENT ? 3 : 1][BT];
+    __shared__ int64_t out_rows[PERSISTENT ? 3 : 1][BT];
+    int64_t* in_row = in_rows[0];
+    int64_t* out_row = out_rows[0];
     __shared__ int s_expert;
     __shared__ int64_t s_first;
     uint8_t* smem = smem_raw;
     if constexpr (Mainloop::kAlign > 128) {
       const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
       smem += (Mainloop::kAlign - (addr % Mainloop::kAlign)) % Mainloop::kAlign;
+    }
+    if constexpr (PERSISTENT) {
+      using Walker = TileWalker<F, BT, BN * NTILES, RASTER, kThreads>;  // an item: NTILES N blocks
+      __shared__ int s_tile_expert[Walker::kBuffers];
+      __shared__ int s_tile_nblock[Walker::kBuffers];
+      Walker walker(p, in_rows, out_rows, s_tile_expert, s_tile_nblock, &s_expert, &s_first);
+      const bool any = walker.commit(p, 0);
+      __syncthreads();  // publishes tile 0's rows
+      if (!any) return;  // uniform: this CTA has no tile
+      typename Mainloop::Acc acc;
+      auto epilogue = [&](int t, const typename Mainloop::Acc& a) {
+        constexpr int kEpi = Mainloop::kEpilogueThreads;
+        const int b = (t / NTILES) % Walker::kBuffers;
+        store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, 1, kEpi == kThreads, Mainloop::kSwapped,
+                   STMATRIX>(p, a, walker.n_block(b) * NTILES + t % NTILES, walker.out_rows(b), smem + kEpiOffset);
+      };
+      Mainloop::template run<NTILES>(p, walker.expert(0), walker.n_block(0) * NTILES, walker.in_rows(0), 0,
+                                static_cast<int>(p.k) / kKBlock, smem, acc, epilogue, &walker);
+      return;
     }
     const TileCoords tc = tile_coords<RASTER>();
     int e;

@@ -81,4 +81,8 @@ struct Swap16Layout {
 
 enum class Family : int { kIndexed = 0, kContiguous = 1, kMasked = 2 };
 
+// The "no tile walker" of a main loop's run(): one CTA per tile (the launched grid). A persistent
+// CTA passes moe/rows.cuh's TileWalker instead.
+struct NoWalker {};
+
 }  // namespace chord

@@ -216,17 +216,26 @@ struct WgmmaSwap64 {
   // calls epilogue(t, acc) after tile t (see MmaSwap16::run; NTILES > 1: multistage only). The
   // producer warpgroup returns without calling it: the consumers alone run the epilogue (its
   // code never joins the producer's, whose registers were given away).
-  template <int NTILES, class Epilogue>
+  //
+  // Persistent (`walker` given; multistage only): after this first item (NTILES N blocks of one
+  // token tile) the CTA goes on with the items walker->commit(buf) resolves (moe/rows.cuh,
+  // TileWalker: expert, N item and rows of the CTA's item i in row buffer i % 3), through the
+  // same continuous ring: item 1 is resolved before the ring starts, item i + 2 at the end of
+  // item i (its routing loads were issued an item earlier), before the ring reaches it. The ring runs at most one tile ahead: K / 64 >= STAGES - 2 (checked
+  // on the host, chord.ops). epilogue(t, acc) is called after the CTA's t-th tile.
+  template <int NTILES, class Epilogue, class Walker = NoWalker>
   __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
-                                             uint8_t* smem, Acc& acc, Epilogue&& epilogue) {
+                                             uint8_t* smem, Acc& acc, Epilogue&& epilogue, Walker* walker = nullptr) {
+    constexpr bool kPersist = !std::is_same<Walker, NoWalker>::value;
     static_assert(NTILES == 1 || PRODUCER == 0, "wgmma main loop: NTILES > 1 needs PRODUCER == 0");
+    static_assert(!kPersist || PRODUCER == 0, "wgmma main loop: persistent CTAs need the multistage ring");
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int KB = kb_end - kb_begin;
     const uint32_t smem_base = smem_u32(smem);
-    const Swap16Layout<kNTiles> lay(p, expert);
+    Swap16Layout<kNTiles> lay(p, expert);  // persistent: re-aimed at each tile's expert
     const __nv_bfloat16* xbase = p.x + static_cast<int64_t>(kb_begin) * kKBlock;
     auto load = [&](auto nthreads, int t, int slot, int kb) {
       load_stage<decltype(nthreads)::value>(p, in_row, xbase, lay, n_block * kNTiles, kb_begin, t,
@@ -261,13 +270,16 @@ struct WgmmaSwap64 {
       const __nv_bfloat16* xsrc[kXIters];
       uint32_t xskip[kXIters];  // 1: a padding row, zero-filled
       const uint32_t xdst = (tid / 8) * 128 + (((tid % 8) ^ ((tid / 8) & 7)) * 16);
+      auto aim_rows = [&](const int64_t* __restrict__ rows) {
 #pragma unroll
-      for (int it = 0; it < kXIters; ++it) {
-        const int c = tid + it * kThreads;
-        const int64_t row = (kXChunks % kThreads == 0 || c < kXChunks) ? in_row[c / 8] : -1;
-        xsrc[it] = xbase + (row >= 0 ? row * p.k + (c % 8) * 8 : 0);
-        xskip[it] = row >= 0 ? 0u : 1u;
-      }
+        for (int it = 0; it < kXIters; ++it) {
+          const int c = tid + it * kThreads;
+          const int64_t row = (kXChunks % kThreads == 0 || c < kXChunks) ? rows[c / 8] : -1;
+          xsrc[it] = xbase + (row >= 0 ? row * p.k + (c % 8) * 8 : 0);
+          xskip[it] = row >= 0 ? 0u : 1u;
+        }
+      };
+      aim_rows(in_row);
       const bool has_scale = tid < kNTiles * 4;
       const int wstep = lay.group() * 32;  // uint4 from one K block of a tile to the next
       const int sstep = lay.group() * 64;  // bytes
@@ -287,6 +299,12 @@ struct WgmmaSwap64 {
       int load_tile = 0;
       int load_slot = 0;
       int load_kb = 0;  // K block of the next load within its tile
+      // persistent: tiles 0 .. resolved-1 of this CTA are resolved (the first by the caller)
+      int resolved = 1;
+      if constexpr (kPersist) {
+        resolved += walker->commit(p, 1) ? 1 : 0;
+        __syncthreads();  // publishes tile 1's rows (the ring reaches tile 1 after another barrier anyway)
+      }
       // Copies the next K block (they come in order, N block by N block) into the next ring slot. After
       // a tile's last block the sources move on to the next N block: the same activation rows,
       // the weights and scales kNTiles 16-row tiles further.
@@ -306,29 +324,42 @@ struct WgmmaSwap64 {
         cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
         ssrc += sstep;
         load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
-        if constexpr (NTILES > 1) {
+        if constexpr (NTILES > 1 || kPersist) {
           if (++load_kb == KB) {
             load_kb = 0;
+            const int in_item = ++load_tile % NTILES;  // tile within the CTA's current item
+            if (in_item != 0) {  // the next N block: the same activation rows, the next weight tiles
 #pragma unroll
-            for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
-            if constexpr (Swap16Layout<kNTiles>::kFixed) {
+              for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
+              if constexpr (Swap16Layout<kNTiles>::kFixed) {
 #pragma unroll
-              for (int i = 0; i < kNTW; ++i) wsrc[i] += lay.next_n_block(KB) * 32;
-              ssrc += lay.next_n_block(KB) * 64;
-            } else if (++load_tile < NTILES) {
-              aim(load_tile);
+                for (int i = 0; i < kNTW; ++i) wsrc[i] += lay.next_n_block(KB) * 32;
+                ssrc += lay.next_n_block(KB) * 64;
+              } else {
+                aim(in_item);
+              }
+            } else if constexpr (kPersist) {  // the CTA's next item (resolved already), or the end
+              const int item = load_tile / NTILES;
+              if (item < resolved) {
+                const int b = item % Walker::kBuffers;
+                lay = Swap16Layout<kNTiles>(p, walker->expert(b));
+                n_block = walker->n_block(b) * NTILES;
+                aim_rows(walker->in_rows(b));
+                aim(0);
+              }
             }
           }
         }
       };
-      const int TOTAL = KB * NTILES;
+      // ring positions [0, TOTAL) are loaded (persistent: until the tiles run out)
+      auto loads_left = [&](int pos) { return kPersist ? load_tile / NTILES < resolved : pos < KB * NTILES; };
       // Prologue: STAGES-2 K blocks in flight (one more slot is read by the group in flight).
 #pragma unroll
       for (int s = 0; s < STAGES - 2; ++s) {
-        if (s < TOTAL) load_next();
+        if (loads_left(s)) load_next();
         cp_async_commit();
       }
-      for (int tile = 0; tile < NTILES; ++tile) {
+      for (int tile = 0; kPersist || tile < NTILES; ++tile) {
         if (tile > 0) zero();
         fence_acc(acc);
         k_loop(KB, [&](int kb, auto& a, auto drain) {
@@ -336,14 +367,23 @@ struct WgmmaSwap64 {
           cp_async_wait<STAGES - 3>();
           fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
           __syncthreads();             // block g landed for all; groups <= g-2 retired in all warps
-          if (g + STAGES - 2 < TOTAL) load_next();
+          if (loads_left(g + STAGES - 2)) load_next();
           cp_async_commit();
           mma_block(smem, desc0, g % STAGES, warp, lane, a, acc);
           retire(kb, KB, drain);
         });
         wgmma_wait<0>();
         fence_acc(acc);
-        if constexpr (NTILES > 1) epilogue(tile, acc);  // its shared memory lies after the ring
+        if constexpr (NTILES > 1 || kPersist) epilogue(tile, acc);  // its shared memory lies after the ring
+        if constexpr (kPersist) {
+          if ((tile + 1) % NTILES == 0) {  // the item's last tile
+            const int item = tile / NTILES;
+            if (item + 1 >= resolved) break;  // no item after this one
+            // item + 2, prefetched one item ago, into the buffer item - 1 left (published by the
+            // next K block's barrier, before the ring reaches it)
+            if (resolved == item + 2 && walker->commit(p, (item + 2) % Walker::kBuffers)) ++resolved;
+          }
+        }
       }
       cp_async_wait<0>();
     } else {
@@ -402,7 +442,7 @@ struct WgmmaSwap64 {
       }
     }
     __syncthreads();  // every read of the pipeline's shared memory is done (the epilogue reuses it)
-    if constexpr (NTILES == 1) epilogue(0, acc);
+    if constexpr (NTILES == 1 && !kPersist) epilogue(0, acc);
   }
 };
 

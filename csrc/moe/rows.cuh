@@ -22,18 +22,33 @@ struct TileCoords {
   int n_block;
 };
 
+// Tile `lin` of an X x Y grid of (token tile, N block) in launch order (token tile fastest), or
+// in raster groups of RASTER token tiles.
+// (32-bit: a grid has fewer than 2^31 tiles; unsigned division is the cheapest the SM has.)
+template <int RASTER>
+__device__ __forceinline__ TileCoords tile_at(int lin, int X, int Y) {
+  const unsigned l = static_cast<unsigned>(lin);
+  if constexpr (RASTER <= 0) {
+    return {static_cast<int>(l % static_cast<unsigned>(X)), static_cast<int>(l / static_cast<unsigned>(X))};
+  } else {
+    const unsigned per_group = static_cast<unsigned>(RASTER) * static_cast<unsigned>(Y);
+    const unsigned group = l / per_group;
+    const unsigned first = group * RASTER;
+    const unsigned left = static_cast<unsigned>(X) - first;
+    const unsigned size = left < RASTER ? left : RASTER;
+    const unsigned in_group = l - group * per_group;
+    const unsigned n = in_group / size;
+    return {static_cast<int>(first + (in_group - n * size)), static_cast<int>(n)};
+  }
+}
+
 template <int RASTER>
 __device__ __forceinline__ TileCoords tile_coords() {
   if constexpr (RASTER <= 0) {
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
   } else {
-    const int64_t X = gridDim.x, Y = gridDim.y;
-    const int64_t lin = static_cast<int64_t>(blockIdx.y) * X + blockIdx.x;
-    const int64_t per_group = static_cast<int64_t>(RASTER) * Y;
-    const int64_t first = (lin / per_group) * RASTER;
-    const int64_t size = (X - first) < RASTER ? (X - first) : RASTER;
-    const int64_t in_group = lin % per_group;
-    return {static_cast<int>(first + in_group % size), static_cast<int>(in_group / size)};
+    return tile_at<RASTER>(static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x), static_cast<int>(gridDim.x),
+                           static_cast<int>(gridDim.y));
   }
 }
 
@@ -135,5 +150,147 @@ __device__ __forceinline__ int rows_contiguous(const GemmParams& p, int m_tile, 
   }
   return e;
 }
+
+// Contiguous: the token tiles of all experts (warp 0 sums them; every thread gets the total).
+template <int BT>
+__device__ __forceinline__ int64_t contiguous_tiles(const GemmParams& p, int64_t* s_total) {
+  const int64_t* off = static_cast<const int64_t*>(p.expert_layout);
+  const int E = static_cast<int>(p.num_experts);
+  if (threadIdx.x < 32) {
+    int64_t sum = 0;
+    for (int e = threadIdx.x; e < E; e += 32) {
+      const int64_t lo = clamp_row(off[e], p.rows);
+      int64_t cnt = clamp_row(off[e + 1], p.rows) - lo;
+      if (cnt < 0) cnt = 0;
+      sum += (cnt + BT - 1) / BT;
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (threadIdx.x == 0) *s_total = sum;
+  }
+  __syncthreads();
+  return *s_total;
+}
+
+// Persistent CTAs: the tiles of an X x Y grid (token tiles x N blocks), X from the device's
+// routing (indexed: the padded blocks up to num_tokens_post_padded, never read on the host;
+// contiguous: the experts' token tiles; masked: every expert's max_rows tiles, those past its
+// count skipped), walked in the launched grid's order (tile_at) with a stride of gridDim.x.
+//
+// A tile's rows live in one of kBuffers row buffers (tile t of the CTA in buffer t % 3: the
+// current tile, the next one the ring is loading, and the one after it). prefetch() issues the
+// global loads of the CTA's next candidate tile into registers (indexed: its expert id and
+// sorted ids; masked: its expert's count); commit(buf) turns them into rows in buffer buf and
+// prefetches the next candidate, skipping tiles without work. Committed at the end of a tile,
+// its loads have had a whole tile to arrive, so routing latency stays off the critical path;
+// commit needs no barrier of its own (the caller's next CTA barrier publishes the rows, and
+// buffer buf was last read two tiles ago). Contiguous tiles are found by a scan at commit time
+// (rows_contiguous, with its barrier). Every thread calls both (uniform).
+template <Family F, int BT, int BN, int RASTER, int THREADS>
+struct TileWalker {
+  static constexpr int kBuffers = 3;
+  static constexpr int kPer = (BT + THREADS - 1) / THREADS;  // sorted ids per thread (indexed)
+  int64_t (*rows_in)[BT];
+  int64_t (*rows_out)[BT];
+  int* s_expert;     // [kBuffers]: expert of the tile in each buffer
+  int* s_nblock;     // [kBuffers]: its N block
+  int* s_scratch;    // rows_contiguous's expert
+  int64_t* s_first;  // rows_contiguous's first row
+  int X, Y, total, lin;
+  // the prefetched candidate
+  bool pf_some;
+  TileCoords pf_tc;
+  int pf_e;                // indexed: expert id; masked: the count
+  int32_t pf_id[kPer];     // indexed: sorted ids of its rows
+
+  __device__ __forceinline__ TileWalker(const GemmParams& p, int64_t (*in)[BT], int64_t (*out)[BT], int* expert3,
+                                        int* nblock3, int* scratch, int64_t* first)
+      : rows_in(in), rows_out(out), s_expert(expert3), s_nblock(nblock3), s_scratch(scratch), s_first(first) {
+    Y = static_cast<int>(p.n / BN);
+    if constexpr (F == Family::kIndexed) {
+      int64_t padded = *p.num_tokens_post_padded;
+      padded = padded < 0 ? 0 : padded;
+      const int64_t blocks = (padded + BT - 1) / BT;
+      X = static_cast<int>(blocks < p.num_blocks ? blocks : p.num_blocks);
+    } else if constexpr (F == Family::kMasked) {
+      X = static_cast<int>(p.num_experts * ((p.max_rows + BT - 1) / BT));
+    } else {
+      X = static_cast<int>(contiguous_tiles<BT>(p, first));
+    }
+    total = X * Y;
+    lin = blockIdx.x;
+    prefetch(p);
+  }
+  __device__ __forceinline__ int expert(int buf) const { return s_expert[buf]; }
+  __device__ __forceinline__ int n_block(int buf) const { return s_nblock[buf]; }
+  __device__ __forceinline__ const int64_t* in_rows(int buf) const { return rows_in[buf]; }
+  __device__ __forceinline__ const int64_t* out_rows(int buf) const { return rows_out[buf]; }
+
+  __device__ __forceinline__ void prefetch(const GemmParams& p) {
+    pf_some = lin < total;
+    if (!pf_some) return;
+    pf_tc = tile_at<RASTER>(lin, X, Y);
+    lin += gridDim.x;
+    if constexpr (F == Family::kIndexed) {
+      const int64_t b = pf_tc.m_tile;  // < X: inside the buffers and below the padded count
+      pf_e = p.expert_ids[b];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int r = threadIdx.x + j * THREADS;
+        pf_id[j] = (kPer * THREADS == BT || r < BT) ? p.sorted_ids[b * BT + r] : -1;
+      }
+    } else if constexpr (F == Family::kMasked) {
+      const int tiles_per_expert = static_cast<int>((p.max_rows + BT - 1) / BT);
+      pf_e = static_cast<const int32_t*>(p.expert_layout)[pf_tc.m_tile / tiles_per_expert];
+    }
+  }
+
+  __device__ __forceinline__ bool commit(const GemmParams& p, int buf) {
+    while (pf_some) {
+      int e = -1;
+      if constexpr (F == Family::kIndexed) {
+        const unsigned top_k = static_cast<unsigned>(p.top_k);
+        if (pf_e >= 0 && pf_e < p.num_experts) {
+          e = pf_e;
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) {
+            const int r = threadIdx.x + j * THREADS;
+            if (kPer * THREADS == BT || r < BT) {
+              const int id = pf_id[j];  // int32 routing: 32-bit division
+              const bool valid = id >= 0 && id < p.num_valid_ids;
+              rows_in[buf][r] = valid ? static_cast<int64_t>(static_cast<unsigned>(id) / top_k) : -1;
+              rows_out[buf][r] = valid ? id : -1;
+            }
+          }
+        }
+      } else if constexpr (F == Family::kMasked) {
+        const int tiles_per_expert = static_cast<int>((p.max_rows + BT - 1) / BT);
+        const int ex = pf_tc.m_tile / tiles_per_expert, t = pf_tc.m_tile % tiles_per_expert;
+        const int count = pf_e < 0 ? 0 : (pf_e > p.max_rows ? static_cast<int>(p.max_rows) : pf_e);
+        if (t * BT < count) {
+          e = ex;
+          for (int r = threadIdx.x; r < BT; r += THREADS) {
+            const int local = t * BT + r;
+            const int64_t row = static_cast<int64_t>(ex) * p.max_rows + local;
+            rows_in[buf][r] = local < count ? row : -1;
+            rows_out[buf][r] = local < count ? row : -1;
+          }
+        }
+      } else {
+        e = rows_contiguous<BT>(p, pf_tc.m_tile, rows_in[buf], rows_out[buf], s_scratch, s_first);
+      }
+      const int nb = pf_tc.n_block;
+      prefetch(p);
+      if (e >= 0) {
+        if (threadIdx.x == 0) {
+          s_expert[buf] = e;
+          s_nblock[buf] = nb;
+        }
+        return true;
+      }
+    }
+    return false;
+  }
+};
 
 }  // namespace chord

@@ -266,3 +266,55 @@ def test_wide_tiles_group_steps_wait_and_width_are_bit_identical(sid):
 
 def test_wide_tiles_cuda_graph_replay_with_new_routing():
     check_indexed_graph_replay(wide("indexed", WIDE[0]), e=16, n=512, k=1024, m=40, top_k=4)
+
+
+# Persistent CTAs (persistent=1): about one wave of CTAs walks every (token tile, n_tiles N
+# blocks) item through one ring. Each pair: the persistent schedule and the same schedule with
+# one CTA per item, which must give the same bits (the same MMAs per tile in the same order).
+PERSISTENT = [("idx-m32n128k64-w8-s4-c1-wgmma-ps1", "idx-m32n128k64-w8-s4-c1-wgmma"),
+              ("idx-m16n128k64-w4-s5-c1-wgmma-r4-ps1", "idx-m16n128k64-w4-s5-c1-wgmma-r4"),
+              ("idx-m64n256k64-w8-s4-c1-wgmma-gs2-r8-nt2-ps1", "idx-m64n256k64-w8-s4-c1-wgmma-gs2-r8-nt2"),
+              ("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1", "idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4"),
+              ("idx-m128n256k64-w8-s4-c1-wgmma-gs2-r8-nt4-ps1", "idx-m128n256k64-w8-s4-c1-wgmma-gs2-r8-nt4"),
+              ("idx-m32n256k64-w4-s6-c2-wgmma-gs2-ps1", "idx-m32n256k64-w4-s6-c2-wgmma-gs2")]
+
+
+@pytest.mark.parametrize("pair", PERSISTENT, ids=lambda p: p[0])
+@pytest.mark.parametrize("k", [256, 704, 2048])  # 4 (TP8 down), 11 and 32 K blocks
+def test_persistent_indexed_matches_reference_and_one_cta_per_tile(pair, k):
+    s, one = Schedule.from_id(pair[0]), Schedule.from_id(pair[1])
+    assert s.persistent == 1 and override(s, persistent=0) == one
+    e, n, m, top_k = 12, 1024, 157, 4
+    qe, pw = experts(e, n, k)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=k, device="cuda"), s.block_m, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = run_indexed(s, x, pw, r, top_k, m * top_k)
+    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL, s.id
+    assert same_bits(out, run_indexed(one, x, pw, r, top_k, m * top_k)), s.id
+
+
+@pytest.mark.parametrize("pair", [PERSISTENT[0], PERSISTENT[2], PERSISTENT[4]], ids=lambda p: p[0])
+def test_persistent_contiguous_matches_reference(pair):
+    check_contiguous(override(Schedule.from_id(pair[0]), family="grouped_contiguous"), 1)
+
+
+@pytest.mark.parametrize("pair", [PERSISTENT[1], PERSISTENT[5]], ids=lambda p: p[0])
+@pytest.mark.parametrize("max_rows", [1, 13, 40])
+def test_persistent_masked_matches_reference(pair, max_rows):
+    check_masked(override(Schedule.from_id(pair[0]), family="grouped_masked"), max_rows)
+
+
+def test_persistent_cuda_graph_replay_with_new_routing():
+    """The grid is fixed at capture (SMs x CTAs per SM); the tiles follow each replay's routing."""
+    check_indexed_graph_replay(Schedule.from_id(PERSISTENT[0][0]), e=16, n=512, k=1024, m=40, top_k=4)
+
+
+def test_persistent_refuses_a_ring_deeper_than_one_tile():
+    """K / 64 < stages - 2: the ring would run two tiles ahead; refused by name before a launch."""
+    s = Schedule.from_id(PERSISTENT[3][0])  # 5 stages: needs at least 3 K blocks
+    e, n, m, top_k = 4, 512, 9, 2
+    _, pw = experts(e, n, 128)
+    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=1, device="cuda"), s.block_m, e)
+    x = torch.randn(m, 128, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="persistent=1 keeps the ring at most one tile ahead"):
+        run_indexed(s, x, pw, r, top_k, m * top_k)
