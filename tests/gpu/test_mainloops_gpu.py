@@ -222,13 +222,18 @@ def test_wide_ids_are_wide():
 @pytest.mark.parametrize("sid", WIDE)
 @pytest.mark.parametrize("k", [64, 704, 2048])  # 1, 11 (odd) and 32 K blocks
 def test_wide_tiles_indexed_match_reference(sid, k):
-    s = wide("indexed", sid)
-    e, n, m, top_k = 12, 512, 157, 4
+    check_indexed(wide("indexed", sid), 512, k)
+
+
+def check_indexed(s, n, k, e=12, m=157, top_k=4):
+    """`s` on random routing (seeded by K) against the float32 reference; returns its output and
+    a function that runs another schedule on the same inputs."""
     qe, pw = experts(e, n, k)
     r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=k, device="cuda"), s.block_m, e)
     x = torch.randn(m, k, device="cuda").bfloat16()
     out = run_indexed(s, x, pw, r, top_k, m * top_k)
     assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL, s.id
+    return out, lambda other: run_indexed(other, x, pw, r, top_k, m * top_k)
 
 
 @pytest.mark.parametrize("sid", [WIDE[0], WIDE[3], WIDE[6], WIDE[8]])
@@ -284,13 +289,8 @@ PERSISTENT = [("idx-m32n128k64-w8-s4-c1-wgmma-ps1", "idx-m32n128k64-w8-s4-c1-wgm
 def test_persistent_indexed_matches_reference_and_one_cta_per_tile(pair, k):
     s, one = Schedule.from_id(pair[0]), Schedule.from_id(pair[1])
     assert s.persistent == 1 and override(s, persistent=0) == one
-    e, n, m, top_k = 12, 1024, 157, 4
-    qe, pw = experts(e, n, k)
-    r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=k, device="cuda"), s.block_m, e)
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    out = run_indexed(s, x, pw, r, top_k, m * top_k)
-    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL, s.id
-    assert same_bits(out, run_indexed(one, x, pw, r, top_k, m * top_k)), s.id
+    out, rerun = check_indexed(s, 1024, k)
+    assert same_bits(out, rerun(one)), s.id
 
 
 @pytest.mark.parametrize("pair", [PERSISTENT[0], PERSISTENT[2], PERSISTENT[4]], ids=lambda p: p[0])
