@@ -324,7 +324,21 @@ struct WgmmaSwap64 {
         cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
         ssrc += sstep;
         load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
-        if constexpr (NTILES > 1 || kPersist) {
+        if constexpr (NTILES > 1 && !kPersist) {
+          if (++load_kb == KB) {
+            load_kb = 0;
+#pragma unroll
+            for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
+            if constexpr (Swap16Layout<kNTiles>::kFixed) {
+#pragma unroll
+              for (int i = 0; i < kNTW; ++i) wsrc[i] += lay.next_n_block(KB) * 32;
+              ssrc += lay.next_n_block(KB) * 64;
+            } else if (++load_tile < NTILES) {
+              aim(load_tile);
+            }
+          }
+        }
+        if constexpr (kPersist) {
           if (++load_kb == KB) {
             load_kb = 0;
             const int in_item = ++load_tile % NTILES;  // tile within the CTA's current item
@@ -338,7 +352,7 @@ struct WgmmaSwap64 {
               } else {
                 aim(in_item);
               }
-            } else if constexpr (kPersist) {  // the CTA's next item (resolved already), or the end
+            } else {  // the CTA's next item (resolved already), or the end
               const int item = load_tile / NTILES;
               if (item < resolved) {
                 const int b = item % Walker::kBuffers;

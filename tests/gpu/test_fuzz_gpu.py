@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from chord import ops, optimizations, reference, routing
-from chord.schedule import FAMILIES, KNOB, WGMMA_BLOCK_MS, Schedule
+from chord.schedule import FAMILIES, KNOB, WGMMA_BLOCK_MS, Schedule, override
 from chord.testing import check_rows, poisoned, profile_rule_schedules, random_experts, run_cases
 
 pytestmark = pytest.mark.gpu
@@ -45,6 +45,8 @@ def _sample(family: str, rng: random.Random) -> Schedule | None:
     c = rng.choice((1, 2))
     split = rng.choice((1, 1, 1, 2, 3, 4))
     nt = rng.choice((1, 1, 2, 4)) if split == 1 and not kw.get("producer") else 1
+    if wg and split == 1 and not kw.get("producer"):
+        kw["persistent"] = rng.choice((0, 0, 0, 1))
     try:
         return Schedule(family, bm, bn, warps, stages, c if not kw.get("producer") else 1, split_k=split,
                         raster=rng.choice((0, 0, 4)), n_tiles=nt, **kw)
@@ -60,6 +62,12 @@ def fuzz_pool(family: str) -> list[Schedule]:
         pool[s.id] = s
         for off in optimizations.ablations(s).values():
             pool[off.id] = off
+        if s.mainloop == "wgmma" and not s.producer and s.split_k == 1 and not s.persistent:
+            try:  # the same tile as a persistent grid (no profile rule uses one)
+                ps = override(s, persistent=1)
+                pool[ps.id] = ps
+            except ValueError:  # its epilogue tile after the ring does not fit
+                pass
     rng = random.Random(1234 + FAMILIES.index(family))
     sampled = 0
     for _ in range(20000):
@@ -92,7 +100,8 @@ def _case(family: str, i: int, pool: list[Schedule]) -> None:
     rng = random.Random(10007 * (FAMILIES.index(family) + 1) + i)
     s = pool[i % len(pool)]
     n = s.block_n_cta * rng.choice((1, 2, 3))
-    k = 64 * rng.choice((1, 2, 3, 5, 8, 11, 16))
+    # a persistent ring runs at most one tile ahead: K / 64 >= stages - 2 (chord.ops refuses less)
+    k = 64 * rng.choice([b for b in (1, 2, 3, 5, 8, 11, 16) if not s.persistent or b >= s.stages - 2])
     e = rng.randint(2, 12)
     skew = rng.choice(SKEWS)
     qe, pw = random_experts(e, n, k, seed=rng.randrange(1 << 20))
