@@ -105,9 +105,9 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "a grid of about one wave (SMs x CTAs per SM) walks every (token tile, n_tiles N blocks) item "
                  "through one continuous ring; the tile list comes from the device's routing (indexed: the padded "
                  "blocks up to num_tokens_post_padded, never read on the host), and an item's routing loads are "
-                 "issued one item ahead. Measured within 1 % of n_tiles on TP8 down and up to 25 % slower where "
-                 "its separate epilogue tile halves the CTAs per SM (docs/optimizations.md), so no profile rule "
-                 "uses it; off: one CTA per item (the launched grid)",
+                 "issued one item ahead. Measured 1-25 % slower than n_tiles on TP8 down and the masked decode "
+                 "tile (docs/optimizations.md), so no profile rule uses it; off: one CTA per item (the launched "
+                 "grid)",
                  "knob", "persistent", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("stmatrix epilogue",
                  "each warp moves its fp32 accumulators to the staged bf16 output tile with stmatrix.trans, one "

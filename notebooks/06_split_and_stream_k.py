@@ -18,8 +18,9 @@
 # sums them in a fixed order, so the result is deterministic). Mid-size tiles gain from two
 # resident CTAs per SM (`ctas_per_sm`), which hides cp.async latency. At short K (TP8 down: four
 # K blocks per tile) a CTA that walks several N blocks through one ring (`n_tiles`) keeps the
-# ring full instead of filling and draining it per tile. All are knobs of the one kernel
-# template. Stream-K and its shape-aware gate are planned (`chord.optimizations`).
+# ring full instead of filling and draining it per tile; the epilogue's fragment stores and
+# persistent CTAs are the other two short-K knobs. All are knobs of the one kernel template.
+# Stream-K and its shape-aware gate are planned (`chord.optimizations`).
 
 # %% tags=["parameters"]
 QUICK = True
@@ -30,7 +31,8 @@ from chord import optimizations
 from chord.workbench import best_by, decision_row, recorded_tuning
 from chord.workbench import figures
 
-for name in ("split-K", "bounded 2-CTA/SM window", "multi-tile CTAs", "shape-aware stream-K gate"):
+for name in ("split-K", "bounded 2-CTA/SM window", "multi-tile CTAs", "stmatrix epilogue", "persistent tile scheduling",
+             "shape-aware stream-K gate"):
     o = optimizations.BY_NAME[name]
     print(f"{name:28s} {o.status:12s} knob={o.knob}  {o.what}")
 
@@ -74,6 +76,40 @@ for r in nt_rows:
     print(f"{r['scenario']:12s} " + "  ".join(f"{g}: {r[g + '_us']:7.1f} us" if r[g + "_us"] else f"{g}: -"
                                               for g in nt_groups))
 figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n_tiles")
+
+# %% [markdown]
+# ## Measured: the stmatrix epilogue and persistent CTAs (recorded A/B runs, session 8)
+# At short K a tile's epilogue is a large part of its life. `stmatrix` (default on) moves each
+# warp's accumulators to the staged bf16 tile with `stmatrix.trans`, one instruction per two
+# 8-token groups of a 16-feature tile; `stm0` stores one 16-bit value at a time. `persistent`
+# (`ps1`, not used by the profile) launches about one wave of CTAs that walk every (token tile,
+# n_tiles N blocks) item from the device's routing. Each pair was timed in one run on one machine
+# instance (Chord only, `chord.tune.time_schedules`); both sides give the same bits. Split-K
+# tiles stage through the fix-up instead, so their pairs are left out. Run 7 timed the kernels
+# of commit 347cd15, whose stmatrix 96 x 128 tile had 136 registers instead of 128 (e54a0ff);
+# the persistent pairs are those of the persistent code as committed (run 4 of its file), whose
+# one-CTA-per-item twins had that same extra-register wrap: against the earlier n_tiles kernels
+# (run 3: 1342.9 and 408.4 us) persistence is 3 % and 25 % slower (docs/optimizations.md).
+
+# %%
+from chord.schedule import Schedule
+from chord.workbench import knob_pairs, recorded_timing
+
+stm = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-s8-epilogue-tiles"), "stmatrix", 0, "stmatrix",
+                             "stm0") if Schedule.from_id(r["stmatrix_schedule"]).split_k == 1]
+for r in stm:
+    print(f"run {r['run']}  {r['scenario']:18s} {r['gemm']:7s} {r['stmatrix_schedule']:44s} stm0 {r['stm0_us']:7.1f} us  "
+          f"stmatrix {r['stmatrix_us']:7.1f} us  ({r['stmatrix_us'] / r['stm0_us'] - 1:+.1%}, same bits: {r['same_bits']})")
+figures.ablation_figure(stm, ["stm0", "stmatrix"], "stmatrix epilogue on / off (one GEMM, recorded A/B)")
+
+# %%
+ps = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-s8-persistent"), "persistent", 0, "persistent",
+                            "one CTA per item") if r["run"] == 4]
+for r in ps:
+    print(f"run {r['run']}  {r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['persistent_schedule']:48s} "
+          f"one CTA per item {r['one CTA per item_us']:7.1f} us  persistent {r['persistent_us']:7.1f} us  "
+          f"({r['persistent_us'] / r['one CTA per item_us'] - 1:+.1%})")
+figures.ablation_figure(ps, ["one CTA per item", "persistent"], "persistent CTAs on / off (one GEMM, recorded A/B)")
 
 # %% [markdown]
 # ## Measured live: the split-K gate and multi-tile CTAs switched off

@@ -235,3 +235,20 @@ def test_recorded_ablation_names_rows_measured_with_other_decisions(tmp_path, mo
     assert lab == labels and got == old
     out = capsys.readouterr().out
     assert "recorded with other decisions than today's for: tp8-m1024 indexed gate_up profile" in out
+
+
+def test_recorded_timing_and_knob_pairs():
+    """The committed A/B files read as rows with their run, and pair by one knob within a run."""
+    from chord.workbench import knob_pairs, recorded_timing
+
+    rows = recorded_timing("2026-12-01-h200-timing-s8-epilogue-tiles")
+    assert rows and all({"run", "file", "schedule", "us"} <= set(r) for r in rows)
+    pairs = knob_pairs(rows, "stmatrix", 0, "on", "off")
+    assert pairs and all(p["on_schedule"] + "-stm0" == p["off_schedule"] for p in pairs)
+    assert all(p["on_us"] > 0 and p["off_us"] > 0 for p in pairs)
+    runs = {r["run"] for r in rows}
+    assert all(p["run"] in runs for p in pairs)
+    with pytest.raises(FileNotFoundError):
+        recorded_timing("nope")
+    with pytest.raises(ValueError, match="not an A/B timing file"):
+        recorded_timing("2026-12-01-h200-session8")

@@ -75,6 +75,48 @@ def recorded_tuning(name: str | None = None) -> list[dict]:
     return points
 
 
+def recorded_timing(name: str) -> list[dict]:
+    """The rows of a committed Chord-only A/B timing file (``chord/bench/results/<name>.json``:
+    ``{"about", "code", "runs": [{"run", "rows"}]}``, each run one machine instance), each row with
+    its ``run`` and ``file``: compare rows of one run only."""
+    path = _committed(name, "", "A/B timings")
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise ValueError(f"recorded_timing: {path.name} is not an A/B timing file (no 'runs' list)")
+    return [{**r, "run": run["run"], "file": path.name} for run in data["runs"] for r in run["rows"]]
+
+
+def knob_pairs(rows: list[dict], knob: str, off_value, on_label: str = "on", off_label: str = "off") -> list[dict]:
+    """Rows of an A/B timing (:func:`recorded_timing`) paired by one knob: each schedule with
+    `knob` on next to its twin with `knob` = `off_value` timed in the same run, one row per pair
+    (scenario, family, gemm, run, ``<label>_us``, ``<label>_schedule``, ``same_bits``: both timed
+    against one first schedule and bit-identical to it), the form `figures.ablation_figure` draws."""
+    from chord.schedule import Schedule, override
+
+    by = {(r["run"], r["scenario"], r["family"], r["gemm"], r["schedule"]): r for r in rows}
+    out, seen = [], set()
+    for (run, sc, fam, gemm, sid), r in by.items():
+        try:
+            s = Schedule.from_id(sid)
+        except ValueError:  # a schedule an earlier version of the kernels allowed (e.g. a smaller static smem)
+            continue
+        if getattr(s, knob) == off_value:
+            continue
+        try:
+            twin_id = override(s, **{knob: off_value}).id
+        except ValueError:  # no valid twin
+            continue
+        twin = by.get((run, sc, fam, gemm, twin_id))
+        if twin is None or (run, sc, fam, gemm, sid) in seen:
+            continue
+        seen.add((run, sc, fam, gemm, sid))
+        out.append({"scenario": sc, "family": fam, "gemm": gemm, "run": run,
+                    f"{on_label}_us": r["us"], f"{on_label}_schedule": sid,
+                    f"{off_label}_us": twin["us"], f"{off_label}_schedule": twin_id,
+                    "same_bits": bool(r.get("same_bits")) and bool(twin.get("same_bits"))})
+    return out
+
+
 def recorded_capture(scenario: str | None = None, family: str | None = None) -> dict:
     """A committed `chord profile --tool torch` summary (chord.capture.Capture.as_dict): the newest
     H200 one for `scenario` / `family` (any when None)."""
