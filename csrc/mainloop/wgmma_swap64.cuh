@@ -221,8 +221,9 @@ struct WgmmaSwap64 {
   // token tile) the CTA goes on with the items walker->commit(buf) resolves (moe/rows.cuh,
   // TileWalker: expert, N item and rows of the CTA's item i in row buffer i % 3), through the
   // same continuous ring: item 1 is resolved before the ring starts, item i + 2 at the end of
-  // item i (its routing loads were issued an item earlier), before the ring reaches it. The ring runs at most one tile ahead: K / 64 >= STAGES - 2 (checked
-  // on the host, chord.ops). epilogue(t, acc) is called after the CTA's t-th tile.
+  // item i (its routing loads were issued an item earlier), before the ring reaches it. The ring
+  // runs at most one tile ahead: K / 64 >= STAGES - 2 (checked on the host, chord.ops).
+  // epilogue(t, acc) is called after the CTA's t-th tile.
   template <int NTILES, class Epilogue, class Walker = NoWalker>
   __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
