@@ -115,7 +115,8 @@ KNOBS: tuple[Knob, ...] = (
          "item", off=0, requires=(("mainloop", "wgmma"),)),
     Knob("stmatrix", "stm", 1, (0, 1), "STMATRIX",
          "epilogue: 1 = fragments to the staged bf16 tile with stmatrix.trans (one instruction per 2 x 64 values "
-         "of a warp), 0 = one 16-bit shared store per value (same output bits)", off=0, requires=(("swap", 1),)),
+         "of a warp), 0 = one 16-bit shared store per value (same output bits); split-K tiles stage through "
+         "the fix-up instead", off=0, requires=(("swap", 1), ("split_k", 1))),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -203,6 +204,9 @@ class Schedule:
                 raise ValueError(f"swap=0 (tokens on the MMA M side) needs block_m a multiple of 16, got {self.block_m}")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages must be in [2, 12], got {self.stages}")
+        if self.split_k > 1 and self.stmatrix != KNOB["stmatrix"].default:
+            raise ValueError(f"stmatrix applies to unsplit tiles only (split-K tiles stage through the fix-up), got "
+                             f"stmatrix={self.stmatrix} with split_k={self.split_k}")
         if self.persistent and (not wg or self.producer or self.split_k != 1):
             raise ValueError(f"persistent=1 needs mainloop wgmma with producer=0 and split_k=1 (the multistage ring "
                              f"walks the CTA's tiles), got mainloop={self.mainloop}, producer={self.producer}, "

@@ -61,6 +61,7 @@ def call_indexed(a):
     (dict(schedule="idx-m8n64k64-w4-s8-c1-sk4-nt2"), ValueError, "n_tiles=2 needs split_k=1"),
     (dict(schedule="idx-m8n128k64-w4-s12-c1-wgmma-ps1"), ValueError, "persistent=1 keeps the ring at most one tile"),
     (dict(schedule="idx-m8n128k64-w4-s4-c1-ps1"), ValueError, "persistent=1 needs mainloop wgmma"),
+    (dict(schedule="idx-m8n64k64-w4-s8-c1-sk4-stm0"), ValueError, "stmatrix applies to unsplit tiles only"),
     (dict(schedule="fast"), ValueError, "schedule id"),
 ])
 def test_indexed_bad_input(over, exc, msg):

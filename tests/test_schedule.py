@@ -298,3 +298,17 @@ def test_profile_dir_and_missing_profiles(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="not found"):
         load_profile_file("no-such-gpu")
     load_profile_file.cache_clear()
+
+
+def test_stmatrix_and_persistent_knobs():
+    s = Schedule.from_id("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1")
+    assert s.persistent == 1 and s.stmatrix == 1 and s.n_tiles == 4
+    assert Schedule.from_id("idx-m8n64k64-w4-s8-c1-stm0").stmatrix == 0
+    with pytest.raises(ValueError, match="stmatrix applies to unsplit tiles only"):
+        Schedule.from_id("idx-m8n64k64-w4-s8-c1-sk4-stm0")
+    with pytest.raises(ValueError, match="stmatrix applies to the swapped layout only"):
+        Schedule.from_id("idx-m16n64k64-w4-s8-c1-swap0-stm0")
+    with pytest.raises(ValueError, match="persistent=1 needs mainloop wgmma with producer=0 and split_k=1"):
+        Schedule.from_id("idx-m64n128k64-w8-s4-c1-wgmma-ws1-ps1")
+    # three row buffers of static shared memory count against the CTA's limit
+    assert s.static_smem_bytes == 16 * 96 * 3 + 256

@@ -306,6 +306,19 @@ struct WgmmaSwap64 {
         resolved += walker->commit(p, 1) ? 1 : 0;
         __syncthreads();  // publishes tile 1's rows (the ring reaches tile 1 after another barrier anyway)
       }
+      // From a tile's last K block to tile t (of the CTA's item) of the next N block: the same
+      // activation rows, the weights and scales kNTiles 16-row tiles further.
+      auto next_n_block = [&](int t) {
+#pragma unroll
+        for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
+        if constexpr (Swap16Layout<kNTiles>::kFixed) {
+#pragma unroll
+          for (int i = 0; i < kNTW; ++i) wsrc[i] += lay.next_n_block(KB) * 32;
+          ssrc += lay.next_n_block(KB) * 64;
+        } else {
+          aim(t);
+        }
+      };
       // Copies the next K block (they come in order, N block by N block) into the next ring slot. After
       // a tile's last block the sources move on to the next N block: the same activation rows,
       // the weights and scales kNTiles 16-row tiles further.
@@ -328,14 +341,10 @@ struct WgmmaSwap64 {
         if constexpr (NTILES > 1 && !kPersist) {
           if (++load_kb == KB) {
             load_kb = 0;
-#pragma unroll
-            for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
             if constexpr (Swap16Layout<kNTiles>::kFixed) {
-#pragma unroll
-              for (int i = 0; i < kNTW; ++i) wsrc[i] += lay.next_n_block(KB) * 32;
-              ssrc += lay.next_n_block(KB) * 64;
+              next_n_block(0);  // (after the last tile too: no load follows)
             } else if (++load_tile < NTILES) {
-              aim(load_tile);
+              next_n_block(load_tile);
             }
           }
         }
@@ -343,16 +352,8 @@ struct WgmmaSwap64 {
           if (++load_kb == KB) {
             load_kb = 0;
             const int in_item = ++load_tile % NTILES;  // tile within the CTA's current item
-            if (in_item != 0) {  // the next N block: the same activation rows, the next weight tiles
-#pragma unroll
-              for (int it = 0; it < kXIters; ++it) xsrc[it] -= KB * kKBlock;
-              if constexpr (Swap16Layout<kNTiles>::kFixed) {
-#pragma unroll
-                for (int i = 0; i < kNTW; ++i) wsrc[i] += lay.next_n_block(KB) * 32;
-                ssrc += lay.next_n_block(KB) * 64;
-              } else {
-                aim(in_item);
-              }
+            if (in_item != 0) {
+              next_n_block(in_item);
             } else {  // the CTA's next item (resolved already), or the end
               const int item = load_tile / NTILES;
               if (item < resolved) {

@@ -52,6 +52,14 @@ __device__ __forceinline__ TileCoords tile_coords() {
   }
 }
 
+// Indexed tile row r from its sorted id: input row id / top_k, output row id, or -1 for padding
+// (ids outside [0, num_valid_ids)).
+__device__ __forceinline__ void indexed_row(const GemmParams& p, int r, int64_t id, int64_t* in_row, int64_t* out_row) {
+  const bool valid = id >= 0 && id < p.num_valid_ids;
+  in_row[r] = valid ? id / p.top_k : -1;
+  out_row[r] = valid ? id : -1;
+}
+
 // Indexed: m_tile = block of sorted ids; vLLM moe_align_block_size contract.
 template <int BT>
 __device__ __forceinline__ int rows_indexed(const GemmParams& p, int b, int64_t* in_row, int64_t* out_row) {
@@ -59,13 +67,26 @@ __device__ __forceinline__ int rows_indexed(const GemmParams& p, int b, int64_t*
   if (static_cast<int64_t>(b) * BT >= padded || b >= p.num_blocks) return -1;
   const int e = p.expert_ids[b];
   if (e < 0 || e >= p.num_experts) return -1;
-  for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-    const int64_t id = p.sorted_ids[static_cast<int64_t>(b) * BT + r];
-    const bool valid = id >= 0 && id < p.num_valid_ids;
-    in_row[r] = valid ? id / p.top_k : -1;
-    out_row[r] = valid ? id : -1;
-  }
+  for (int r = threadIdx.x; r < BT; r += blockDim.x)
+    indexed_row(p, r, p.sorted_ids[static_cast<int64_t>(b) * BT + r], in_row, out_row);
   return e;
+}
+
+// Masked: an expert's row count clamped to [0, max_rows] (what the kernel trusts).
+__device__ __forceinline__ int masked_count(const GemmParams& p, int count) {
+  return count < 0 ? 0 : (count > p.max_rows ? static_cast<int>(p.max_rows) : count);
+}
+
+// Masked: the rows of tile t of expert e ([E, max_rows, K]); rows >= count are -1.
+template <int BT>
+__device__ __forceinline__ void masked_rows(const GemmParams& p, int e, int t, int count, int64_t* in_row,
+                                            int64_t* out_row) {
+  for (int r = threadIdx.x; r < BT; r += blockDim.x) {
+    const int local = t * BT + r;
+    const int64_t row = static_cast<int64_t>(e) * p.max_rows + local;
+    in_row[r] = local < count ? row : -1;
+    out_row[r] = local < count ? row : -1;
+  }
 }
 
 // Masked: m_tile = e * tiles_per_expert + t over [E, max_rows, K]; rows >= count skipped.
@@ -75,15 +96,9 @@ __device__ __forceinline__ int rows_masked(const GemmParams& p, int m_tile, int6
   const int e = m_tile / tiles_per_expert;
   const int t = m_tile % tiles_per_expert;
   if (e >= p.num_experts) return -1;
-  int count = static_cast<const int32_t*>(p.expert_layout)[e];
-  count = count < 0 ? 0 : (count > p.max_rows ? static_cast<int>(p.max_rows) : count);
+  const int count = masked_count(p, static_cast<const int32_t*>(p.expert_layout)[e]);
   if (t * BT >= count) return -1;
-  for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-    const int local = t * BT + r;
-    const int64_t row = static_cast<int64_t>(e) * p.max_rows + local;
-    in_row[r] = local < count ? row : -1;
-    out_row[r] = local < count ? row : -1;
-  }
+  masked_rows<BT>(p, e, t, count, in_row, out_row);
   return e;
 }
 
@@ -249,32 +264,21 @@ struct TileWalker {
     while (pf_some) {
       int e = -1;
       if constexpr (F == Family::kIndexed) {
-        const unsigned top_k = static_cast<unsigned>(p.top_k);
         if (pf_e >= 0 && pf_e < p.num_experts) {
           e = pf_e;
 #pragma unroll
           for (int j = 0; j < kPer; ++j) {
             const int r = threadIdx.x + j * THREADS;
-            if (kPer * THREADS == BT || r < BT) {
-              const int id = pf_id[j];  // int32 routing: 32-bit division
-              const bool valid = id >= 0 && id < p.num_valid_ids;
-              rows_in[buf][r] = valid ? static_cast<int64_t>(static_cast<unsigned>(id) / top_k) : -1;
-              rows_out[buf][r] = valid ? id : -1;
-            }
+            if (kPer * THREADS == BT || r < BT) indexed_row(p, r, pf_id[j], rows_in[buf], rows_out[buf]);
           }
         }
       } else if constexpr (F == Family::kMasked) {
         const int tiles_per_expert = static_cast<int>((p.max_rows + BT - 1) / BT);
         const int ex = pf_tc.m_tile / tiles_per_expert, t = pf_tc.m_tile % tiles_per_expert;
-        const int count = pf_e < 0 ? 0 : (pf_e > p.max_rows ? static_cast<int>(p.max_rows) : pf_e);
+        const int count = masked_count(p, pf_e);
         if (t * BT < count) {
           e = ex;
-          for (int r = threadIdx.x; r < BT; r += THREADS) {
-            const int local = t * BT + r;
-            const int64_t row = static_cast<int64_t>(ex) * p.max_rows + local;
-            rows_in[buf][r] = local < count ? row : -1;
-            rows_out[buf][r] = local < count ? row : -1;
-          }
+          masked_rows<BT>(p, ex, t, count, rows_in[buf], rows_out[buf]);
         }
       } else {
         e = rows_contiguous<BT>(p, pf_tc.m_tile, rows_in[buf], rows_out[buf], s_scratch, s_first);
