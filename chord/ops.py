@@ -121,6 +121,9 @@ def _check_schedule(fn: str, schedule: str, family: str, n: int, k: int | None =
     if n % s.block_n_cta:
         what = f"block_n={s.block_n}" + (f" x n_tiles={s.n_tiles}" if s.n_tiles > 1 else "")
         raise ValueError(f"{fn}: schedule {schedule}: {what} does not divide N={n}")
+    if s.cluster_n > 1 and (n // s.block_n_cta) % s.cluster_n:
+        raise ValueError(f"{fn}: schedule {schedule}: cluster_n={s.cluster_n} pairs neighbouring N blocks, so N / "
+                         f"block_n = {n // s.block_n_cta} must be a multiple of {s.cluster_n}")
     if s.persistent and k is not None and k // K_BLOCK < s.stages - 2:
         raise ValueError(f"{fn}: schedule {schedule}: persistent=1 keeps the ring at most one tile ahead, so it "
                          f"needs K/64 >= stages-2 = {s.stages - 2} K blocks, got K={k}")
@@ -275,6 +278,14 @@ def _sm_count(dev: int) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
+@functools.lru_cache(maxsize=256)
+def _x_tensor_map(address: int, rows: int, k: int, block_m: int) -> bytes:
+    """The tensor map of activations [rows, k] (bf16, contiguous) for a tma_x kernel: boxes of
+    block_m rows x one 64-wide K block, 128-byte swizzle (csrc/mainloop/wgmma_swap64.cuh). Cached
+    per (address, shape, box): vLLM and CUDA graphs call again on the same buffers."""
+    return jit.encode_tensor_map_2d(address, rows, k, k * 2, block_m, K_BLOCK)
+
+
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,
             schedule_id: str, qweight: torch.Tensor, n: int) -> None:
     kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
@@ -282,11 +293,15 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
     stream = _raw_stream(dev)
     if sched.persistent:  # about one wave of CTAs walks the grid's tiles (csrc/moe/rows.cuh, TileWalker)
         grid = (min(grid[0] * grid[1], _sm_count(dev) * kernel.ctas_per_sm(dev, sched.threads)), 1, 1)
+    tmap = None
+    if sched.tma_x:  # the grouped families' x: [rows, K] or [E, max_rows, K], contiguous
+        k = x.shape[-1]
+        tmap = _x_tensor_map(x.data_ptr(), x.numel() // k, k, sched.block_m)
     if profiling.nvtx_enabled():
         with nvtx_range(op, schedule_id):
-            kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream)
+            kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap)
     else:
-        kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream)
+        kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap)
 
 
 # ---------------------------------------------------------------------------------------------

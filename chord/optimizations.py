@@ -66,7 +66,8 @@ class Optimization:
             # tile becomes a 128-row mma tile, so an indexed call needs routing for that size)
             return override(schedule, mainloop=off, warps=4, wgmma_wait=KNOB["wgmma_wait"].default,
                             producer=KNOB["producer"].default, group_steps=KNOB["group_steps"].default,
-                            block_m=min(schedule.block_m, 128))
+                            persistent=KNOB["persistent"].default, bulk_w=KNOB["bulk_w"].default,
+                            tma_x=KNOB["tma_x"].default, block_m=min(schedule.block_m, 128))
         if self.knob == "swap":
             # tokens on the M side come in 16-row MMA tiles: an 8-row tile becomes a 16-row one (an
             # indexed call then needs routing for that block size)
@@ -116,6 +117,24 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "Same output bits; it counts where the epilogue is a large part of a tile's life (short K: TP8 "
                  "down)",
                  "knob", "stmatrix", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("bulk weight copies",
+                 "thread 0 moves each stage's swap16 words and scales with the copy engine: a 128-feature tile "
+                 "group's K block is one 4 KB run of words and one 512-byte run of scales in the swap16g layout, "
+                 "so a stage is 2 x block_n / 128 cp.async.bulk copies completing on the slot's mbarrier instead "
+                 "of block_n / 16 + 1 16-byte cp.async per thread; off: every thread's cp.async (same bits)",
+                 "knob", "bulk_w", IMPLEMENTED, "02_wgmma_pipelining"),
+    Optimization("TMA activation copies",
+                 "grouped families (a tile's rows are consecutive rows of x): the stage's block_m x 64 activation "
+                 "box is one cp.async.bulk.tensor through a tensor map of x, written with the 128-byte swizzle "
+                 "the wgmma descriptor reads; off: block_m / 32 16-byte cp.async per thread of 8 warps (same bits)",
+                 "knob", "tma_x", IMPLEMENTED, "05_grouped_contiguous_masked"),
+    Optimization("CTA pairs",
+                 "the kernel is launched in clusters of two CTAs on neighbouring N blocks of one token tile (a "
+                 "compile-time cluster shape; the raster walks the pairs), so the hardware starts both at once on "
+                 "one GPC and they read the tile's token rows from L2 together; nothing is exchanged between them "
+                 "(multicasting the activation box between the pair measured slower: docs/optimizations.md); off: "
+                 "CTAs in grid order (same bits)",
+                 "knob", "cluster_n", IMPLEMENTED, "05_grouped_contiguous_masked"),
     Optimization("bounded 2-CTA/SM window",
                  "register budget for two resident CTAs per SM on mid-size tiles, to hide cp.async latency; off: "
                  "one CTA per SM",

@@ -117,6 +117,18 @@ KNOBS: tuple[Knob, ...] = (
          "epilogue: 1 = fragments to the staged bf16 tile with stmatrix.trans (one instruction per 2 x 64 values "
          "of a warp), 0 = one 16-bit shared store per value (same output bits); split-K tiles stage through "
          "the fix-up instead", off=0, requires=(("swap", 1), ("split_k", 1))),
+    Knob("bulk_w", "bw", 0, (0, 1), "BULK_W",
+         "wgmma multistage: 1 = thread 0 moves each stage's swap16 words and scales with the copy engine "
+         "(cp.async.bulk: one 4 KB and one 512-byte run per 128 features, completing on the slot's mbarrier), "
+         "0 = every thread's 16-byte cp.async copies", off=0, requires=(("mainloop", "wgmma"),)),
+    Knob("tma_x", "tx", 0, (0, 1), "TMA_X",
+         "wgmma multistage, grouped families: 1 = the stage's block_m x 64 activation box in one TMA copy "
+         "(cp.async.bulk.tensor through a tensor map of x), 0 = every thread's 16-byte cp.async copies",
+         off=0, requires=(("mainloop", "wgmma"),)),
+    Knob("cluster_n", "cn", 1, (1, 2), "CLUSTER_N",
+         "2 = CTA pairs: the kernel is launched in clusters of two CTAs that take neighbouring N blocks of one "
+         "token tile, so the hardware runs the pair at the same time on one GPC and its token rows are read "
+         "from L2 by both together (no data is exchanged); 1 = CTAs in grid order", off=1),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -141,6 +153,9 @@ class Schedule:
     n_tiles: int = 1  # consecutive N blocks per CTA, one continuous ring
     stmatrix: int = 1  # epilogue: stmatrix.trans fragment stores (0: one 16-bit store per value)
     persistent: int = 0  # wgmma multistage: ~one wave of CTAs walks every tile through one ring
+    bulk_w: int = 0  # wgmma multistage: weights and scales by bulk copies (cp.async.bulk)
+    tma_x: int = 0  # wgmma multistage, grouped families: the activation box by one TMA tensor copy
+    cluster_n: int = 1  # CTA pairs: clusters of two CTAs on neighbouring N blocks of one token tile
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -214,8 +229,22 @@ class Schedule:
         if self.n_tiles > 1 and (self.split_k != 1 or self.producer):
             raise ValueError(f"n_tiles={self.n_tiles} needs split_k=1 and producer=0 (one output tile per split-K CTA; "
                              f"the producer loop walks one tile), got split_k={self.split_k}, producer={self.producer}")
+        for name in ("bulk_w", "tma_x"):
+            v = getattr(self, name)
+            if v and (not wg or self.producer or self.persistent):
+                raise ValueError(f"{name}=1 needs mainloop wgmma with producer=0 and persistent=0 (the multistage ring, "
+                                 f"one item per CTA), got mainloop={self.mainloop}, producer={self.producer}, "
+                                 f"persistent={self.persistent}")
+        if self.bulk_w and self.block_n % 128:
+            raise ValueError(f"bulk_w=1 copies whole groups of 8 weight tiles (128 features), so it needs block_n a "
+                             f"multiple of 128, got block_n={self.block_n}")
+        if self.cluster_n > 1 and self.persistent:
+            raise ValueError(f"cluster_n={self.cluster_n} pairs the launched grid's CTAs, so it needs persistent=0")
+        if self.tma_x and self.family == "indexed":
+            raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
+                             "gathers its rows")
         for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles",
-                     "stmatrix", "persistent"):
+                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -273,7 +302,7 @@ class Schedule:
         return self.block_n * self.n_tiles
 
     def grid_n(self, n: int) -> int:
-        """CTAs along N for a GEMM with `n` output features."""
+        """CTAs along N for a GEMM with `n` output features (a multiple of cluster_n)."""
         return n // self.block_n_cta
 
     def knobs(self) -> dict:
@@ -295,7 +324,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):
@@ -566,6 +595,10 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
         while bn % (16 * warps):
             warps //= 2
         vals["n_tiles"] = _fit_n_tiles(vals["n_tiles"], n // bn)
+    if (n // bn // vals["n_tiles"]) % vals["cluster_n"]:  # CTA pairs need an even count of N blocks
+        vals["cluster_n"] = 1
+    if vals["bulk_w"] and bn % 128:  # bulk weight copies move whole groups of 8 weight tiles
+        vals["bulk_w"] = 0
     vals.update(block_n=bn, warps=warps)
     return Schedule(family, **vals)
 

@@ -5,7 +5,11 @@
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
 //   x N tiles per CTA (NTILES) x epilogue fragment stores (STMATRIX, moe/epilogue.cuh)
 //   x persistent CTAs (PERSISTENT: a grid of about one wave walks every tile, moe/rows.cuh
-//     TileWalker; wgmma multistage ring).
+//     TileWalker; wgmma multistage ring)
+//   x bulk copies (the wgmma loop's BULK_W / TMA_X; TMA_X kernels take the activations' tensor
+//     map as a second __grid_constant__ parameter)
+//   x CTA pairs (CLUSTER_N = 2: the kernel is built with __cluster_dims__(1, 2, 1), and the two
+//     CTAs of a cluster take neighbouring N blocks of one token tile, moe/rows.cuh tile_coords).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
 // tile after the other through one continuous pipeline (the ring keeps loading the next tile's
 // K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile
@@ -16,8 +20,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/params.cuh"
+#include "common/tma.cuh"
 #include "mainloop/mma_swap16.cuh"
 #include "mainloop/wgmma_swap64.cuh"
 #include "moe/epilogue.cuh"
@@ -30,8 +36,14 @@ struct MaxOf {
   static constexpr int value = A > B ? A : B;
 };
 
+// Whether a main loop reads the activations through a tensor map (WgmmaSwap64::kTmaX).
+template <class M, class = void>
+struct UsesTmaX : std::false_type {};
+template <class M>
+struct UsesTmaX<M, std::void_t<decltype(M::kTmaX)>> : std::bool_constant<M::kTmaX> {};
+
 template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true,
-          bool PERSISTENT = false>
+          bool PERSISTENT = false, int CLUSTER_N = 1>
 struct MoeKernel {
   static_assert(SPLIT >= 1, "SPLIT >= 1");
   static_assert(NTILES >= 1, "NTILES >= 1");
@@ -50,7 +62,14 @@ struct MoeKernel {
       (Mainloop::kAlign > 128 ? Mainloop::kAlign - 16 : 0);
   static_assert(kEpiOffset % 16 == 0, "the epilogue tile is 16-byte aligned");
 
-  __device__ __forceinline__ static void run(const GemmParams& p) {
+  static constexpr bool kTmaX = UsesTmaX<Mainloop>::value;
+  static_assert(!kTmaX || F != Family::kIndexed, "TMA_X: the indexed family gathers its rows (no tensor map)");
+  static_assert(!kTmaX || !PERSISTENT, "TMA_X: one item per CTA");
+  static_assert(CLUSTER_N == 1 || CLUSTER_N == 2, "CLUSTER_N is 1 or 2");
+  static_assert(CLUSTER_N == 1 || !PERSISTENT, "CLUSTER_N: the launched grid's tiles (not persistent)");
+
+  // xmap: the activations' tensor map (TMA_X kernels only).
+  __device__ __forceinline__ static void run(const GemmParams& p, const TmaDescriptor* xmap = nullptr) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
     // token rows of the tile (persistent: of three tiles, moe/rows.cuh TileWalker)
     __shared__ int64_t in_rows[PERSISTENT ? 3 : 1][BT];
@@ -83,7 +102,7 @@ struct MoeKernel {
                                 static_cast<int>(p.k) / kKBlock, smem, acc, epilogue, &walker);
       return;
     }
-    const TileCoords tc = tile_coords<RASTER>();
+    const TileCoords tc = tile_coords<RASTER, CLUSTER_N>();
     int e;
     if constexpr (F == Family::kIndexed) {
       e = rows_indexed<BT>(p, tc.m_tile, in_row, out_row);
@@ -108,7 +127,12 @@ struct MoeKernel {
                  STMATRIX>(
           p, a, tc.n_block * NTILES + t, out_row, smem + kEpiOffset);
     };
-    Mainloop::template run<NTILES>(p, e, tc.n_block * NTILES, in_row, kb_begin, kb_end, smem, acc, epilogue);
+    if constexpr (kTmaX) {
+      Mainloop::template run<NTILES>(p, e, tc.n_block * NTILES, in_row, kb_begin, kb_end, smem, acc, epilogue,
+                                     static_cast<NoWalker*>(nullptr), xmap);
+    } else {
+      Mainloop::template run<NTILES>(p, e, tc.n_block * NTILES, in_row, kb_begin, kb_end, smem, acc, epilogue);
+    }
   }
 };
 

@@ -62,6 +62,10 @@ def call_indexed(a):
     (dict(schedule="idx-m8n128k64-w4-s12-c1-wgmma-ps1"), ValueError, "persistent=1 keeps the ring at most one tile"),
     (dict(schedule="idx-m8n128k64-w4-s4-c1-ps1"), ValueError, "persistent=1 needs mainloop wgmma"),
     (dict(schedule="idx-m8n64k64-w4-s8-c1-sk4-stm0"), ValueError, "stmatrix applies to unsplit tiles only"),
+    (dict(schedule="idx-m8n256k64-w4-s4-c1-cn2"), ValueError, "cluster_n=2 pairs neighbouring N blocks, so N / block_n = 1"),
+    (dict(schedule="idx-m64n128k64-w8-s4-c1-wgmma-tx1"), ValueError, "tma_x=1 needs a grouped family"),
+    (dict(schedule="idx-m64n64k64-w4-s4-c1-wgmma-bw1"), ValueError, "bulk_w=1 copies whole groups of 8 weight tiles"),
+    (dict(schedule="idx-m8n128k64-w4-s4-c1-bw1"), ValueError, "bulk_w=1 needs mainloop wgmma"),
     (dict(schedule="fast"), ValueError, "schedule id"),
 ])
 def test_indexed_bad_input(over, exc, msg):

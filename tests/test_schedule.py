@@ -300,6 +300,42 @@ def test_profile_dir_and_missing_profiles(tmp_path, monkeypatch):
     load_profile_file.cache_clear()
 
 
+def test_bulk_copy_and_cta_pair_knobs():
+    s = Schedule.from_id("gcon-m256n128k64-w8-s4-c1-wgmma-r8-bw1-tx1-cn2")
+    assert (s.bulk_w, s.tma_x, s.cluster_n) == (1, 1, 2) and Schedule.from_id(s.id) == s
+    assert s.smem_bytes == Schedule.from_id("gcon-m256n128k64-w8-s4-c1-wgmma-r8").smem_bytes  # same ring
+    assert Schedule.from_id("idx-m24n128k64-w4-s4-c1-r4-cn2").cluster_n == 2  # CTA pairs on the mma loop too
+    with pytest.raises(ValueError, match="tma_x=1 needs a grouped family"):
+        Schedule.from_id("idx-m64n128k64-w8-s4-c1-wgmma-tx1")
+    with pytest.raises(ValueError, match="tma_x=1 needs mainloop wgmma with producer=0 and persistent=0"):
+        Schedule.from_id("gcon-m64n128k64-w8-s4-c1-wgmma-ws1-tx1")
+    with pytest.raises(ValueError, match="bulk_w=1 needs mainloop wgmma with producer=0 and persistent=0"):
+        Schedule.from_id("gcon-m64n128k64-w8-s4-c1-wgmma-r8-nt4-ps1-bw1")
+    with pytest.raises(ValueError, match="bulk_w=1 copies whole groups of 8 weight tiles"):
+        Schedule.from_id("gmsk-m64n192k64-w12-s4-c1-wgmma-bw1")
+    with pytest.raises(ValueError, match="cluster_n=2 pairs the launched grid's CTAs, so it needs persistent=0"):
+        Schedule.from_id("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1-cn2")
+    with pytest.raises(ValueError, match="cluster_n must be one of 1, 2"):
+        Schedule.from_id("idx-m24n128k64-w4-s4-c1-cn4")
+    # a profile rule's CTA pairs and bulk weights are dropped where the GEMM's N does not allow them
+    from chord.schedule import _fit_schedule
+    knobs = dict(block_m=64, block_n=512, warps=8, stages=4, mainloop="wgmma", group_steps=2, cluster_n=2, bulk_w=1)
+    assert _fit_schedule("indexed", knobs, 1024).id == "idx-m64n512k64-w8-s4-c1-wgmma-gs2-bw1-cn2"
+    assert _fit_schedule("indexed", knobs, 512).id == "idx-m64n512k64-w8-s4-c1-wgmma-gs2-bw1"  # one N block
+    assert _fit_schedule("indexed", knobs, 192).id == "idx-m64n64k64-w4-s4-c1-wgmma-gs2"  # 3 blocks of 64
+
+
+def test_tensor_map_arguments_are_checked_before_the_driver():
+    from chord import jit
+    for args, msg in [((8, 64, 512, 1024, 128, 64), "16-byte aligned"),
+                      ((256, 64, 512, 1000, 128, 64), "multiple of 16 bytes"),
+                      ((256, 0, 512, 1024, 128, 64), "rows and cols"),
+                      ((256, 64, 512, 1024, 512, 64), "box of 512 x 64"),
+                      ((256, 64, 512, 1024, 128, 128), "box of 128 x 128")]:
+        with pytest.raises(jit.JitError, match=msg):
+            jit.encode_tensor_map_2d(*args)
+
+
 def test_stmatrix_and_persistent_knobs():
     s = Schedule.from_id("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1")
     assert s.persistent == 1 and s.stmatrix == 1 and s.n_tiles == 4

@@ -35,6 +35,20 @@
 // (wait_group + proxy fence + arrive), and the consumer threads hand the slot back on its
 // `empty` mbarrier (each one arrives) when the wgmma group that read it has retired. Consumers
 // never wait for each other, only for data. The MMAs and their order are the same in both (bit-identical outputs).
+//
+// Bulk copies (multistage only, one CTA per item): BULK_W = 1 moves a stage's swap16 words and
+// scales with the copy engine instead of every thread's cp.async: a CTA's N block is BN / 128
+// tile groups of 8 (common/params.cuh, Swap16Layout), and K block kb of one group is one
+// contiguous 4 KB run of words and one 512-byte run of scales, so thread 0 issues 2 x BN / 128
+// cp.async.bulk copies per stage. TMA_X = 1 (grouped families, whose tile rows are consecutive
+// rows of x) moves the BT x 64 activation box with one cp.async.bulk.tensor through the
+// host's tensor map (128-byte swizzle: the same bytes the cp.async gather writes; rows past
+// x's end arrive as zeros, rows of the next expert are read but only feed output columns the
+// epilogue never stores). Both complete on the slot's mbarrier (expect_tx by thread 0), which
+// every thread waits on after the stage's CTA barrier; the barrier still orders the refill of
+// a slot after the wgmma groups that read it. Same bytes in shared memory, same MMAs: the
+// outputs are bit-identical to BULK_W = TMA_X = 0.
+
 #pragma once
 
 #include <cstdint>
@@ -45,12 +59,14 @@
 #include "../common/mbarrier.cuh"
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
+#include "../common/tma.cuh"
 #include "../common/wgmma.cuh"
 #include "../moe/epilogue.cuh"
 
 namespace chord {
 
-template <int BT, int BN, int STAGES, int WAIT, int PRODUCER = 0, int WARPS = BN / 16, int GS = 4>
+template <int BT, int BN, int STAGES, int WAIT, int PRODUCER = 0, int WARPS = BN / 16, int GS = 4, int BULK_W = 0,
+          int TMA_X = 0>
 struct WgmmaSwap64 {
   static_assert(BT % 8 == 0 && BT >= 8 && BT <= 256, "wgmma main loop: BT multiple of 8 in [8, 256]");
   static_assert(BN % 64 == 0 && BN >= 64 && BN <= 512, "wgmma main loop: BN a multiple of 64 in [64, 512]");
@@ -62,6 +78,9 @@ struct WgmmaSwap64 {
   static_assert(WAIT == 0 || WAIT == 1, "wgmma main loop: WAIT is 0 or 1");
   static_assert(PRODUCER == 0 || PRODUCER == 1, "wgmma main loop: PRODUCER is 0 or 1");
   static_assert(GS == 1 || GS == 2 || GS == 4, "wgmma main loop: GS (k16 steps per wgmma group) is 1, 2 or 4");
+  static_assert((BULK_W == 0 && TMA_X == 0) || PRODUCER == 0, "wgmma main loop: BULK_W / TMA_X need the multistage ring");
+  static_assert(BULK_W == 0 || (BN % 128 == 0 && Swap16Layout<BN / 16>::kFixed),
+                "wgmma main loop: BULK_W needs whole tile groups of 8 (BN % 128 == 0, the default tile group cap)");
   static constexpr int kMmaWarps = WARPS;
   static constexpr int kThreads = kMmaWarps * 32 + (PRODUCER ? 128 : 0);
   static constexpr int kEpilogueThreads = kMmaWarps * 32;  // the producer warpgroup leaves first
@@ -91,6 +110,16 @@ struct WgmmaSwap64 {
   // PRODUCER = 1: stages whose copies may still be in flight before the producer publishes the
   // oldest (<= STAGES - 2, so the producer never waits for a slot it has not published yet).
   static constexpr int kLag = STAGES - 2;
+  static constexpr bool kBulkW = BULK_W != 0;
+  static constexpr bool kTmaX = TMA_X != 0;  // run() takes the activation tensor map
+  static constexpr bool kBulk = kBulkW || kTmaX;
+  // Multistage: K blocks loaded ahead of the one the MMAs read (block g + kDist is loaded at block
+  // g, into the slot block g + kDist - STAGES left, whose wgmma group has retired in every warp;
+  // one slot is read by the group in flight).
+  static constexpr int kDist = STAGES - 2;
+  static constexpr int kGroups = BN / 128;  // BULK_W: tile groups of 8 per N block
+  // bytes the copy engine completes on a slot's mbarrier per stage
+  static constexpr uint32_t kTxBytes = (kBulkW ? kWBytes + kSBytes : 0) + (kTmaX ? kXBytes : 0);
 
   using Acc = float[kNTW][kTT][4];
 
@@ -227,8 +256,10 @@ struct WgmmaSwap64 {
   template <int NTILES, class Epilogue, class Walker = NoWalker>
   __device__ __forceinline__ static void run(const GemmParams& p, int expert, int n_block,
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
-                                             uint8_t* smem, Acc& acc, Epilogue&& epilogue, Walker* walker = nullptr) {
+                                             uint8_t* smem, Acc& acc, Epilogue&& epilogue, Walker* walker = nullptr,
+                                             const TmaDescriptor* xmap = nullptr) {
     constexpr bool kPersist = !std::is_same<Walker, NoWalker>::value;
+    static_assert(!kPersist || !kBulk, "wgmma main loop: BULK_W / TMA_X walk one item per CTA (not persistent)");
     static_assert(NTILES == 1 || PRODUCER == 0, "wgmma main loop: NTILES > 1 needs PRODUCER == 0");
     static_assert(!kPersist || PRODUCER == 0, "wgmma main loop: persistent CTAs need the multistage ring");
     const int tid = threadIdx.x;
@@ -297,6 +328,21 @@ struct WgmmaSwap64 {
                (has_scale ? (tid % 4) * 16 : 0);
       };
       aim(0);
+      // Bulk copies: one mbarrier per slot, initialized by thread 0, which alone arrives on it
+      // and issues the copies (the other threads first wait on it after the first K block's
+      // barrier); bk_tile / bk_kb: the tile and K block of thread 0's next bulk stage.
+      __shared__ __align__(8) uint64_t bulk_full[kBulk ? STAGES : 1];
+      int bk_tile = 0, bk_kb = 0;
+      int64_t x_row0 = 0;  // TMA_X: the tile's first row of x (its rows are consecutive)
+      if constexpr (kBulk) {
+        if (tid == 0) {
+#pragma unroll
+          for (int s = 0; s < STAGES; ++s) mbar_init(&bulk_full[s], 1);
+          mbar_fence_init();
+          if constexpr (kTmaX) tma_prefetch_descriptor(xmap);
+        }
+        if constexpr (kTmaX) x_row0 = in_row[0];
+      }
       int load_tile = 0;
       int load_slot = 0;
       int load_kb = 0;  // K block of the next load within its tile
@@ -324,19 +370,45 @@ struct WgmmaSwap64 {
       // the weights and scales kNTiles 16-row tiles further.
       auto load_next = [&]() {
         const uint32_t st = smem_base + load_slot * kStageBytes;
+        if constexpr (kBulk) {
+          if (tid == 0) {
+            const uint32_t bar = smem_u32(&bulk_full[load_slot]);
+            mbar_arrive_expect_tx(bar, kTxBytes);
+            if constexpr (kTmaX) {
+              tma_load_2d(st, xmap, (kb_begin + bk_kb) * kKBlock, static_cast<int>(x_row0), bar);
+            }
+            if constexpr (kBulkW) {
+              const int t0 = (n_block + bk_tile) * kNTiles;
 #pragma unroll
-        for (int it = 0; it < kXIters; ++it) {
-          if (kXChunks % kThreads == 0 || tid + it * kThreads < kXChunks)
-            cp_async_16_zfill(st + xdst + it * kThreads * 16, xsrc[it], xskip[it]);
-          xsrc[it] += kKBlock;
+              for (int j = 0; j < kGroups; ++j) {
+                const int64_t b = lay.block(t0 + 8 * j, kb_begin + bk_kb);
+                bulk_copy_g2s(st + kXBytes + j * 4096, p.qweight + b * 32, 4096, bar);
+                bulk_copy_g2s(st + kXBytes + kWBytes + j * 512, p.scales + b * 8, 512, bar);
+              }
+            }
+            if (++bk_kb == KB) {
+              bk_kb = 0;
+              ++bk_tile;
+            }
+          }
         }
+        if constexpr (!kTmaX) {
 #pragma unroll
-        for (int i = 0; i < kNTW; ++i) {
-          cp_async_16_u32(st + kXBytes + (tid + i * kThreads) * 16, wsrc[i], true);
-          wsrc[i] += wstep;
+          for (int it = 0; it < kXIters; ++it) {
+            if (kXChunks % kThreads == 0 || tid + it * kThreads < kXChunks)
+              cp_async_16_zfill(st + xdst + it * kThreads * 16, xsrc[it], xskip[it]);
+            xsrc[it] += kKBlock;
+          }
         }
-        cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
-        ssrc += sstep;
+        if constexpr (!kBulkW) {
+#pragma unroll
+          for (int i = 0; i < kNTW; ++i) {
+            cp_async_16_u32(st + kXBytes + (tid + i * kThreads) * 16, wsrc[i], true);
+            wsrc[i] += wstep;
+          }
+          cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
+          ssrc += sstep;
+        }
         load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
         if constexpr (NTILES > 1 && !kPersist) {
           if (++load_kb == KB) {
@@ -369,9 +441,9 @@ struct WgmmaSwap64 {
       };
       // ring positions [0, TOTAL) are loaded (persistent: until the tiles run out)
       auto loads_left = [&](int pos) { return kPersist ? load_tile / NTILES < resolved : pos < KB * NTILES; };
-      // Prologue: STAGES-2 K blocks in flight (one more slot is read by the group in flight).
+      // Prologue: kDist K blocks in flight (one more slot is read by the group in flight).
 #pragma unroll
-      for (int s = 0; s < STAGES - 2; ++s) {
+      for (int s = 0; s < kDist; ++s) {
         if (loads_left(s)) load_next();
         cp_async_commit();
       }
@@ -380,11 +452,12 @@ struct WgmmaSwap64 {
         fence_acc(acc);
         k_loop(KB, [&](int kb, auto& a, auto drain) {
           const int g = tile * KB + kb;  // ring position
-          cp_async_wait<STAGES - 3>();
+          cp_async_wait<kDist - 1>();
           fence_proxy_async_shared();  // cp.async writes -> visible to the tensor cores' async proxy
           __syncthreads();             // block g landed for all; groups <= g-2 retired in all warps
-          if (loads_left(g + STAGES - 2)) load_next();
+          if (loads_left(g + kDist)) load_next();
           cp_async_commit();
+          if constexpr (kBulk) mbar_wait(&bulk_full[g % STAGES], (g / STAGES) & 1);  // the bulk part of block g
           mma_block(smem, desc0, g % STAGES, warp, lane, a, acc);
           retire(kb, KB, drain);
         });

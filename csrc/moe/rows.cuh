@@ -42,9 +42,21 @@ __device__ __forceinline__ TileCoords tile_at(int lin, int X, int Y) {
   }
 }
 
-template <int RASTER>
+// CLUSTER_N > 1: the grid's clusters of CLUSTER_N CTAs along Y (blockIdx.y % CLUSTER_N is the
+// CTA's rank) are the tiles of an X x Y / CLUSTER_N grid in the same order, each covering
+// CLUSTER_N neighbouring N blocks of one token tile: the hardware starts a cluster's CTAs
+// together (on SMs of one GPC), so the pair reads the tile's token rows at the same time.
+template <int RASTER, int CLUSTER_N = 1>
 __device__ __forceinline__ TileCoords tile_coords() {
-  if constexpr (RASTER <= 0) {
+  if constexpr (CLUSTER_N > 1) {
+    const int rank = static_cast<int>(blockIdx.y % CLUSTER_N);
+    const int y = static_cast<int>(blockIdx.y / CLUSTER_N), Y = static_cast<int>(gridDim.y / CLUSTER_N);
+    TileCoords c = RASTER <= 0 ? TileCoords{static_cast<int>(blockIdx.x), y}
+                               : tile_at<RASTER>(y * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x),
+                                                 static_cast<int>(gridDim.x), Y);
+    c.n_block = c.n_block * CLUSTER_N + rank;
+    return c;
+  } else if constexpr (RASTER <= 0) {
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
   } else {
     return tile_at<RASTER>(static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x), static_cast<int>(gridDim.x),

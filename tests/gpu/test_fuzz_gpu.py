@@ -47,6 +47,11 @@ def _sample(family: str, rng: random.Random) -> Schedule | None:
     nt = rng.choice((1, 1, 2, 4)) if split == 1 and not kw.get("producer") else 1
     if wg and split == 1 and not kw.get("producer"):
         kw["persistent"] = rng.choice((0, 0, 0, 1))
+    if wg and not kw.get("producer") and not kw.get("persistent"):  # bulk copies: the multistage ring
+        kw["bulk_w"] = rng.choice((0, 0, 1)) if bn % 128 == 0 else 0
+        kw["tma_x"] = rng.choice((0, 0, 1)) if family != "indexed" else 0
+    if not kw.get("persistent"):
+        kw["cluster_n"] = rng.choice((1, 1, 1, 2))
     try:
         return Schedule(family, bm, bn, warps, stages, c if not kw.get("producer") else 1, split_k=split,
                         raster=rng.choice((0, 0, 4)), n_tiles=nt, **kw)
@@ -68,6 +73,13 @@ def fuzz_pool(family: str) -> list[Schedule]:
                 pool[ps.id] = ps
             except ValueError:  # its epilogue tile after the ring does not fit
                 pass
+            # the same tile with each bulk copy and as CTA pairs (where the knob applies)
+            for kw in ({"bulk_w": 1}, {"tma_x": 1}, {"bulk_w": 1, "tma_x": 1}, {"cluster_n": 2}):
+                try:
+                    v = override(s, **kw)
+                except ValueError:
+                    continue
+                pool[v.id] = v
     rng = random.Random(1234 + FAMILIES.index(family))
     sampled = 0
     for _ in range(20000):
@@ -99,7 +111,7 @@ def _expert_ids(rng: random.Random, skew: str, m: int, e: int, top_k: int) -> to
 def _case(family: str, i: int, pool: list[Schedule]) -> None:
     rng = random.Random(10007 * (FAMILIES.index(family) + 1) + i)
     s = pool[i % len(pool)]
-    n = s.block_n_cta * rng.choice((1, 2, 3))
+    n = s.block_n_cta * s.cluster_n * rng.choice((1, 2, 3))  # CTA pairs need an even N-block count
     # a persistent ring runs at most one tile ahead: K / 64 >= stages - 2 (chord.ops refuses less)
     k = 64 * rng.choice([b for b in (1, 2, 3, 5, 8, 11, 16) if not s.persistent or b >= s.stages - 2])
     e = rng.randint(2, 12)
@@ -159,5 +171,7 @@ def test_pool_covers_every_knob():
     for family in FAMILIES:
         pool = fuzz_pool(family)
         for knob in KNOB.values():
+            if knob.name == "tma_x" and family == "indexed":  # gathered rows: no tensor map (refused)
+                continue
             if knob.off is not None:
                 assert any(getattr(s, knob.name) != knob.off for s in pool), (family, knob.name)

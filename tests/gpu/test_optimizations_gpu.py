@@ -130,3 +130,59 @@ def test_stmatrix_epilogue_same_bits(pair):
     assert rows > 0
     assert torch.equal(got_on.view(torch.int16), got_off.view(torch.int16)), (on.id, off.id)
     assert rel_err(got_on, ref) < BF16_TOL, on.id
+
+
+# Bulk copies against every thread's cp.async: weights and scales by cp.async.bulk (bw1, every
+# family), the activation box by one TMA tensor copy (tx1, grouped families: tile rows past x's
+# end arrive as zeros, rows of the next expert feed only unstored columns), both; 1-4 tile groups
+# per N block, odd token tiles (40, 24 rows: a box past the masked max_rows and the expert's end),
+# split-K (the K coordinate starts at the split's first block), n_tiles, wait_group 0, 2 CTAs/SM,
+# and CTA pairs launched as 2-CTA clusters: the same bits, and the reference.
+BULK_PAIRS = [  # (bulk on, off)
+    ("idx-m40n128k64-w8-s4-c1-wgmma-bw1", "idx-m40n128k64-w8-s4-c1-wgmma"),
+    ("idx-m64n512k64-w8-s4-c1-wgmma-gs2-r8-bw1", "idx-m64n512k64-w8-s4-c1-wgmma-gs2-r8"),
+    ("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-bw1", "idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4"),
+    ("idx-m128n256k64-w8-s4-c1-wgmma-sk3-gs2-bw1", "idx-m128n256k64-w8-s4-c1-wgmma-sk3-gs2"),
+    ("gcon-m40n128k64-w8-s4-c1-wgmma-tx1", "gcon-m40n128k64-w8-s4-c1-wgmma"),
+    ("gcon-m40n128k64-w8-s4-c1-wgmma-bw1-tx1", "gcon-m40n128k64-w8-s4-c1-wgmma"),
+    ("gcon-m24n256k64-w8-s6-c2-wgmma-gs2-bw1-tx1", "gcon-m24n256k64-w8-s6-c2-wgmma-gs2"),
+    ("gcon-m64n512k64-w8-s4-c1-wgmma-gs2-r8-bw1-tx1", "gcon-m64n512k64-w8-s4-c1-wgmma-gs2-r8"),
+    ("gcon-m256n128k64-w8-s4-c1-wgmma-r8-bw1", "gcon-m256n128k64-w8-s4-c1-wgmma-r8"),
+    ("gcon-m256n128k64-w8-s4-c1-wgmma-r8-tx1", "gcon-m256n128k64-w8-s4-c1-wgmma-r8"),
+    ("gcon-m256n128k64-w8-s4-c1-wgmma-r8-bw1-tx1", "gcon-m256n128k64-w8-s4-c1-wgmma-r8"),
+    ("gcon-m96n128k64-w8-s5-c1-wgmma-wait0-r8-nt4-bw1-tx1", "gcon-m96n128k64-w8-s5-c1-wgmma-wait0-r8-nt4"),
+    ("gcon-m64n256k64-w8-s4-c1-wgmma-sk3-gs2-bw1-tx1", "gcon-m64n256k64-w8-s4-c1-wgmma-sk3-gs2"),
+    ("gmsk-m40n128k64-w8-s4-c1-wgmma-bw1-tx1", "gmsk-m40n128k64-w8-s4-c1-wgmma"),
+    ("gmsk-m32n512k64-w8-s8-c1-wgmma-gs1-tx1", "gmsk-m32n512k64-w8-s8-c1-wgmma-gs1"),
+    ("gmsk-m32n512k64-w8-s8-c1-wgmma-gs1-bw1-tx1", "gmsk-m32n512k64-w8-s8-c1-wgmma-gs1"),
+    ("gmsk-m192n256k64-w8-s4-c1-wgmma-gs1-r8-bw1-tx1", "gmsk-m192n256k64-w8-s4-c1-wgmma-gs1-r8"),
+    # CTA pairs (clusters of two on neighbouring N blocks; the raster walks the pairs), with and
+    # without bulk copies, the mma loop too
+    ("gcon-m256n128k64-w8-s4-c1-wgmma-r8-tx1-cn2", "gcon-m256n128k64-w8-s4-c1-wgmma-r8"),
+    ("gcon-m64n256k64-w8-s4-c1-wgmma-gs2-tx1-cn2", "gcon-m64n256k64-w8-s4-c1-wgmma-gs2"),
+    ("gcon-m96n128k64-w8-s5-c1-wgmma-r8-nt2-tx1-cn2", "gcon-m96n128k64-w8-s5-c1-wgmma-r8-nt2"),
+    ("gcon-m64n128k64-w8-s4-c1-wgmma-sk3-tx1-cn2", "gcon-m64n128k64-w8-s4-c1-wgmma-sk3"),
+    ("gmsk-m32n256k64-w4-s8-c2-wgmma-gs2-tx1-cn2", "gmsk-m32n256k64-w4-s8-c2-wgmma-gs2"),
+    ("gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2", "gmsk-m48n128k64-w8-s4-c1-wgmma-r4"),
+    ("gcon-m256n128k64-w8-s4-c1-wgmma-r8-cn2", "gcon-m256n128k64-w8-s4-c1-wgmma-r8"),
+    ("idx-m128n256k64-w8-s4-c1-wgmma-gs2-r8-cn2", "idx-m128n256k64-w8-s4-c1-wgmma-gs2-r8"),
+    ("idx-m24n128k64-w4-s4-c1-r4-cn2", "idx-m24n128k64-w4-s4-c1-r4"),
+    ("gmsk-m16n64k64-w4-s6-c1-sk2-cn2", "gmsk-m16n64k64-w4-s6-c1-sk2"),
+]
+
+
+@pytest.mark.parametrize("pair", BULK_PAIRS, ids=lambda p: p[0])
+@pytest.mark.parametrize("k", [192, 704])  # 3 and 11 K blocks (the ring wraps, split-K splits unevenly)
+def test_bulk_copies_same_bits(pair, k):
+    on, off = Schedule.from_id(pair[0]), Schedule.from_id(pair[1])
+    for name in ("bulk weight copies", "TMA activation copies", "CTA pairs"):
+        o = optimizations.BY_NAME[name]
+        if o.is_on(on):
+            assert not o.is_on(o.switch_off(on)) and o.switch_off(on) != on
+    assert off == Schedule.from_id(pair[0].replace("-bw1", "").replace("-tx1", "").replace("-cn2", ""))
+    qe, pw = experts(6, 512, k)
+    got_on, ref, rows = run_family(on, qe, pw, seed=7)
+    got_off, _, _ = run_family(off, qe, pw, seed=7)
+    assert rows > 0
+    assert torch.equal(got_on.view(torch.int16), got_off.view(torch.int16)), (on.id, off.id)
+    assert rel_err(got_on, ref) < BF16_TOL, on.id
