@@ -118,6 +118,25 @@ abl_w, _ = ablate.rule_ablation("02_wide_warp_tiles", "wide_warp_tiles", "wide t
                                 rep_ms=20 if QUICK else 100)
 
 # %% [markdown]
+# ## Measured: bulk weight copies
+# In the `swap16g` layout a stage's weights for 128 features are one contiguous 4 KB run (and
+# 512 bytes of scales), so one thread can hand the whole stage to the copy engine
+# (`cp.async.bulk`, knob `bulk_w`, id token `bw1`) instead of every thread issuing 16-byte
+# cp.async copies. Same bits, and slower on every tile measured (recorded A/B, run 1 of the
+# session-9 file): the copy engine fed by one thread delivers the weights later than the CTA's
+# threads do. No profile rule uses it.
+
+# %%
+from chord.workbench import figures, knob_pairs, recorded_timing
+
+bw = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-s9-bulk-tma-pairs"), "bulk_w", 0, "bw1", "off")
+      if r["run"] == 1]
+for r in bw:
+    print(f"{r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['bw1_schedule']:48s} off {r['off_us']:7.1f} us  "
+          f"bw1 {r['bw1_us']:7.1f} us  ({r['bw1_us'] / r['off_us'] - 1:+.1%})")
+figures.ablation_figure(bw, ["off", "bw1"], "bulk weight copies on / off (one GEMM, recorded A/B)")
+
+# %% [markdown]
 # ## Live: these calls next to upstream Humming
 # `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install

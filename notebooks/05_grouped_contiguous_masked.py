@@ -114,6 +114,30 @@ for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic"
           f"{s.smem_bytes * s.ctas_per_sm // 1024} KB of shared memory per SM")
 
 # %% [markdown]
+# ## Measured: TMA activation copies and CTA pairs
+# On the grouped families a token tile's rows are consecutive rows of x, so the wgmma loop can
+# move the whole block_m x 64 activation box of a stage with one TMA copy through a tensor map
+# (`tma_x`, id token `tx1`) instead of every thread's 16-byte cp.async gather, and launch CTAs
+# in clusters of two that take neighbouring N blocks of one token tile (`cluster_n`, `cn2`),
+# so the pair reads its token rows from L2 together. Both give the same bits. Recorded A/B on
+# the H200 (run 6 of the session-9 file: the committed kernels, one machine instance); the
+# profile uses `tx1-cn2` on the 256-row tiles of tok256 / tok512 contiguous and `cn2` on masked
+# decode at 32 rows per expert. Multicasting the box between the pair measured slower (runs 2-5,
+# docs/optimizations.md).
+
+# %%
+from chord.workbench import figures, knob_pairs, recorded_timing
+
+s9 = recorded_timing("2026-12-01-h200-timing-s9-bulk-tma-pairs")
+for knob, label in (("tma_x", "tx1"), ("cluster_n", "cn2")):
+    pairs = [r for r in knob_pairs(s9, knob, 0 if knob == "tma_x" else 1, label, "off") if r["run"] == 6
+             and r["family"] != "indexed"]
+    for r in pairs:
+        print(f"{label}  {r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r[label + '_schedule']:48s} "
+              f"off {r['off_us']:7.1f} us  on {r[label + '_us']:7.1f} us  ({r[label + '_us'] / r['off_us'] - 1:+.1%})")
+    figures.ablation_figure(pairs, ["off", label], f"{knob} on / off (one GEMM, recorded A/B)")
+
+# %% [markdown]
 # ## Live: these calls next to upstream Humming
 # `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
