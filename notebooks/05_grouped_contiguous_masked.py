@@ -121,7 +121,7 @@ for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic"
 # in clusters of two that take neighbouring N blocks of one token tile (`cluster_n`, `cn2`),
 # so the pair reads its token rows from L2 together. Both give the same bits. Recorded A/B on
 # the H200 (run 6 of the session-9 file: the committed kernels, one machine instance); the
-# profile uses `tx1-cn2` on the 256-row tiles of tok256 / tok512 contiguous and `cn2` on masked
+# profile uses `r2-tx1-cn2` on the 256-row tiles of tok256 / tok512 contiguous and `cn2` on masked
 # decode at 32 rows per expert. Multicasting the box between the pair measured slower (runs 2-5,
 # docs/optimizations.md).
 
