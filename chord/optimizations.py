@@ -182,6 +182,12 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "per touched expert (32-row tiles) at K > 512; off: wgmma above 40 rows per touched expert, one "
                  "weight tile per warp",
                  "policy", None, IMPLEMENTED, "02_wgmma_pipelining", rule="wide_warp_tiles"),
+    Optimization("TMA and CTA pairs on tall grouped tiles",
+                 "the heuristic gives grouped-family wgmma schedules of 192+ token rows the TMA activation copy and "
+                 "CTA pairs (tma_x, cluster_n 2 where the N-block count is even): measured 2-4 % faster on the "
+                 "256-row tile at tok256 / tok512 contiguous, neutral to slower on smaller tiles; off: the cp.async "
+                 "gather, CTAs in grid order",
+                 "policy", None, IMPLEMENTED, "05_grouped_contiguous_masked", rule="grouped_tma_pairs"),
     Optimization("raster on every wgmma tile",
                  "the heuristic gives every wgmma schedule with more than one token tile raster 8 (8 token "
                  "tiles, of one expert or of several, walk the N blocks together); off: launch order",

@@ -155,7 +155,30 @@ def test_heuristic_one_decision_through_the_humming_root(monkeypatch):
     assert tune.row_for(tune.rows_for(family, sc.experts, prob.n, prob.k), sc.rows)["schedule"] == select(prof, prob).id
 
 
+def test_grouped_tma_pairs_rule():
+    # 512 rows per expert, contiguous: the 256-row wgmma tile gets the TMA activation box and CTA pairs
+    # (gate_up 32 N blocks, down 56: both even); off: the same tile with the cp.async gather
+    for n, k in ((4096, 7168), (7168, 2048)):
+        prof = profile_for("grouped_contiguous", 48, n, k)
+        p = Problem("grouped_contiguous", 48, n, k, 512 * 48)
+        s, off = select(prof, p, "heuristic"), select(prof, p, "heuristic,-grouped_tma_pairs")
+        assert (s.block_m, s.tma_x, s.cluster_n) == (256, 1, 2) and (off.tma_x, off.cluster_n) == (0, 1)
+        assert s == Schedule.from_id(off.id + "-tx1-cn2")
+        assert "grouped_tma_pairs: TMA activation box, CTA pairs (256-row tiles)" in explain(prof, p, "heuristic").reason
+    # an odd N-block count: TMA without pairs
+    p = Problem("grouped_masked", 8, 384, 1024, 256 * 8)
+    s = select(profile_for("grouped_masked", 8, 384, 1024), p, "heuristic")
+    assert s.block_m == 256 and s.tma_x == 1 and s.cluster_n == 1 and 384 // s.block_n % 2 == 1
+    # smaller tiles and the indexed family (gathered rows) keep the gather
+    p = Problem("grouped_contiguous", 48, 4096, 7168, 128 * 48)
+    assert select(profile_for("grouped_contiguous", 48, 4096, 7168), p, "heuristic").tma_x == 0
+    p = Problem("indexed", 48, 4096, 7168, 512 * 48, 8)
+    s = select(profile_for("indexed", 48, 4096, 7168), p, "heuristic")
+    assert s.block_m == 256 and (s.tma_x, s.cluster_n) == (0, 1)
+    assert "grouped_tma_pairs" not in explain(profile_for("indexed", 48, 4096, 7168), p, "heuristic").reason
+
+
 def test_rules_table_documents_every_rule():
     assert set(POLICY_RULES) == {"tok_e_block_m", "wave_aware_bn", "split_k_gate", "touched_estimate", "wgmma_raster",
-                                  "buffered_k", "wide_warp_tiles"}
+                                  "buffered_k", "wide_warp_tiles", "grouped_tma_pairs"}
     assert all(" off: " in v for v in POLICY_RULES.values())
