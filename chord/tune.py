@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from chord.schedule import MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, profile_for, select
+from chord.schedule import KNOB, MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, profile_for, select
 
 BLOCK_MS = (8, 16, 32, 64)
 BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
@@ -51,6 +51,12 @@ PRODUCER_CTAS = ((0, 1), (0, 2))
 # tiles"); a tile whose accumulators and A registers exceed the budget is not a Schedule.
 WGMMA_TILES = ((128, 8, 4), (256, 16, 4), (256, 8, 1), (256, 8, 2), (256, 4, 1), (256, 4, 2), (512, 8, 1), (512, 8, 2))
 SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that walk several N blocks
+# CTA pairs (cluster_n 2) and the TMA activation box (tma_x, grouped families) are tried on the
+# raster-8 wgmma candidates, and the TMA box from this token tile up: measured on the H200
+# (2026-12-01, chord/bench/results/2026-12-01-h200-timing-s9-bulk-tma-pairs.json) 2-4 % faster on
+# 256-row tiles and with pairs on 32-row wide tiles, neutral to slower on 32-128-row tiles with TMA.
+PAIR_RASTER = 8
+TMA_X_MIN_BLOCK_M = 192
 N_TILES = (2, 4)  # n_tiles candidates at short K
 
 
@@ -93,9 +99,10 @@ def candidates(family: str, n: int, rows_per_expert: float,
     and 4 were 3-22 % slower than the best one-split tile at every EP8-decode and TP8 point, H200
     2026-12-01, chord/bench/results/2026-12-01-h200-tuning-ep8decode-tp8-ntiles.json.)"""
     out = _one_tile_candidates(family, n, rows_per_expert, mainloops)
+    out += [v for s in out for v in _pair_and_tma_variants(family, n, rows_per_expert, s)]
     if k is not None and k // 64 <= SHORT_K_BLOCKS:
         for s in list(out):
-            if s.split_k != 1 or s.producer:
+            if s.split_k != 1 or s.producer or s.cluster_n != 1:
                 continue
             for nt in N_TILES:
                 if (n // s.block_n) % nt:
@@ -106,6 +113,29 @@ def candidates(family: str, n: int, rows_per_expert: float,
                     continue
                 if _fits(c):
                     out.append(c)
+    return out
+
+
+def _pair_and_tma_variants(family: str, n: int, rows_per_expert: float, s: Schedule) -> list[Schedule]:
+    """A raster-8 wgmma multistage candidate as CTA pairs (an even N-block count), with the TMA
+    activation box where the family's rows are consecutive and the tile is tall, and (tall tiles,
+    an expert with 2+ tiles) at the raster of one expert's tiles."""
+    if s.mainloop != "wgmma" or s.producer or s.raster != PAIR_RASTER:
+        return []
+    tall = family != "indexed" and s.block_m >= TMA_X_MIN_BLOCK_M
+    knobs = ([{"cluster_n": 2}] if (n // s.block_n) % 2 == 0 else []) + \
+        ([{"tma_x": 1}] + ([{"tma_x": 1, "cluster_n": 2}] if (n // s.block_n) % 2 == 0 else []) if tall else [])
+    per_expert = -(-int(math.ceil(rows_per_expert)) // s.block_m)
+    if tall and per_expert >= 2 and per_expert in KNOB["raster"].legal and per_expert not in RASTERS:
+        knobs += [dict(kw, raster=per_expert) for kw in knobs if "tma_x" in kw]
+    out = []
+    for kw in knobs:
+        try:
+            c = dataclasses.replace(s, **kw)
+        except ValueError:
+            continue
+        if _fits(c):
+            out.append(c)
     return out
 
 

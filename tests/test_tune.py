@@ -29,6 +29,23 @@ def test_candidates_are_valid_and_cover_block_m():
     assert all(s.warps % 4 == 0 for s in wg)
 
 
+def test_pair_and_tma_candidates():
+    """Raster-8 wgmma candidates also come as CTA pairs (even N-block count); grouped tiles of 192+
+    rows also with the TMA activation box, and at the raster of one expert's tiles."""
+    c = {s.id for s in tune.candidates("grouped_contiguous", 4096, 512.0, k=7168)}
+    for sid in ("gcon-m256n128k64-w8-s4-c1-wgmma-r8-cn2", "gcon-m256n128k64-w8-s4-c1-wgmma-r8-tx1",
+                "gcon-m256n128k64-w8-s4-c1-wgmma-r8-tx1-cn2", "gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2"):
+        assert sid in c, sid
+    assert not any("-tx1" in i and "-m128n" in i for i in c)  # the TMA box only from 192 rows
+    assert not any("-r0" in i or ("-cn2" in i and "-r8" not in i and "-r2" not in i) for i in c)
+    ind = tune.candidates("indexed", 4096, 512.0, k=7168)
+    assert not any(s.tma_x for s in ind) and any(s.cluster_n == 2 for s in ind)  # gathered rows: no TMA
+    # one N block of 512 (TP8 gate_up): no pairs
+    assert not any(s.cluster_n == 2 and s.block_n == 512 for s in tune.candidates("indexed", 512, 21.3, k=7168))
+    for s in tune.candidates("grouped_masked", 4096, 32.0, k=7168):
+        assert s.cluster_n == 1 or (4096 // s.block_n) % 2 == 0
+
+
 def test_tune_schedules_cover_defaults_and_candidates():
     from chord.bench.suite import load_suite
 
