@@ -24,7 +24,7 @@ import torch
 from chord import checks, formats, jit, profiling
 from chord._env import flag
 from chord.profiling import nvtx_range
-from chord.schedule import K_BLOCK, Problem, Schedule, load_profile, override, profile_for, select
+from chord.schedule import K_BLOCK, Problem, Schedule, load_profile, override, pairs_fit, profile_for, select
 
 if TYPE_CHECKING:  # pragma: no cover
     from chord.formats import PackedExperts
@@ -121,7 +121,7 @@ def _check_schedule(fn: str, schedule: str, family: str, n: int, k: int | None =
     if n % s.block_n_cta:
         what = f"block_n={s.block_n}" + (f" x n_tiles={s.n_tiles}" if s.n_tiles > 1 else "")
         raise ValueError(f"{fn}: schedule {schedule}: {what} does not divide N={n}")
-    if s.cluster_n > 1 and (n // s.block_n_cta) % s.cluster_n:
+    if s.cluster_n > 1 and not pairs_fit(n, s.block_n_cta):
         raise ValueError(f"{fn}: schedule {schedule}: cluster_n={s.cluster_n} pairs neighbouring N blocks, so N / "
                          f"block_n = {n // s.block_n_cta} must be a multiple of {s.cluster_n}")
     if s.persistent and k is not None and k // K_BLOCK < s.stages - 2:

@@ -39,6 +39,13 @@ WGMMA_OTHER_REGS = 16  # registers a wgmma thread needs at least besides accumul
 WGMMA_BUILT_OTHER_REGS = 56
 
 
+def pairs_fit(n: int, block_n_cta: int) -> bool:
+    """Whether CTA pairs (cluster_n 2: two CTAs on neighbouring N blocks) tile a GEMM of `n` output
+    features in blocks of `block_n_cta` (block_n x n_tiles): an even N-block count. The one place
+    chord.ops, the profile fit, the heuristic and `chord tune` ask."""
+    return (n // block_n_cta) % 2 == 0
+
+
 def wgmma_operand_regs(block_m: int, ntw: int, group_steps: int) -> int:
     """Accumulator and A-operand registers per thread of a wgmma tile: ntw x block_m/2 fp32
     accumulators and two register sets of group_steps x ntw A fragments (4 registers each)."""
@@ -595,7 +602,7 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
         while bn % (16 * warps):
             warps //= 2
         vals["n_tiles"] = _fit_n_tiles(vals["n_tiles"], n // bn)
-    if (n // bn // vals["n_tiles"]) % vals["cluster_n"]:  # CTA pairs need an even count of N blocks
+    if vals["cluster_n"] > 1 and not pairs_fit(n, bn * vals["n_tiles"]):
         vals["cluster_n"] = 1
     if vals["bulk_w"] and bn % 128:  # bulk weight copies move whole groups of 8 weight tiles
         vals["bulk_w"] = 0
@@ -971,10 +978,10 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     if mainloop == "wgmma" and p.family != "indexed" and chosen.block_m >= GROUPED_TMA_MIN_BLOCK_M:
         if policy.on("grouped_tma_pairs"):
             extra["tma_x"] = 1
-            n_blocks = p.n // (chosen.block_n * extra.get("n_tiles", 1))
-            if n_blocks % 2 == 0:
+            pairs = pairs_fit(p.n, chosen.block_n * extra.get("n_tiles", 1))
+            if pairs:
                 extra["cluster_n"] = 2
-            why.append(f"grouped_tma_pairs: TMA activation box{', CTA pairs' if n_blocks % 2 == 0 else ''} "
+            why.append(f"grouped_tma_pairs: TMA activation box{', CTA pairs' if pairs else ''} "
                        f"({chosen.block_m}-row tiles)")
         else:
             why.append("grouped_tma_pairs off: cp.async gather, CTAs in grid order")

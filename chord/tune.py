@@ -24,7 +24,8 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from chord.schedule import KNOB, MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, profile_for, select
+from chord.schedule import (KNOB, MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, pairs_fit,
+                            profile_for, select)
 
 BLOCK_MS = (8, 16, 32, 64)
 BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
@@ -122,9 +123,11 @@ def _pair_and_tma_variants(family: str, n: int, rows_per_expert: float, s: Sched
     an expert with 2+ tiles) at the raster of one expert's tiles."""
     if s.mainloop != "wgmma" or s.producer or s.raster != PAIR_RASTER:
         return []
+    pairs = pairs_fit(n, s.block_n_cta)
     tall = family != "indexed" and s.block_m >= TMA_X_MIN_BLOCK_M
-    knobs = ([{"cluster_n": 2}] if (n // s.block_n) % 2 == 0 else []) + \
-        ([{"tma_x": 1}] + ([{"tma_x": 1, "cluster_n": 2}] if (n // s.block_n) % 2 == 0 else []) if tall else [])
+    knobs = [{"cluster_n": 2}] if pairs else []
+    if tall:
+        knobs += [{"tma_x": 1}] + ([{"tma_x": 1, "cluster_n": 2}] if pairs else [])
     per_expert = -(-int(math.ceil(rows_per_expert)) // s.block_m)
     if tall and per_expert >= 2 and per_expert in KNOB["raster"].legal and per_expert not in RASTERS:
         knobs += [dict(kw, raster=per_expert) for kw in knobs if "tma_x" in kw]
