@@ -1,6 +1,7 @@
 // Bulk async copies (sm_90): the copy engine moves whole pieces of a pipeline stage into shared
 // memory and counts their bytes on the stage's mbarrier (complete_tx), so one thread issues a
-// stage instead of every thread issuing 16-byte cp.async copies.
+// stage instead of every thread issuing 16-byte cp.async copies (the announcement of the bytes:
+// mbarrier.cuh, mbar_arrive_expect_tx).
 //
 // * `bulk_copy_g2s`: cp.async.bulk, a contiguous run of bytes (16-byte aligned, a multiple of 16).
 // * `tma_load_2d`: cp.async.bulk.tensor, a box of a 2-D tensor described by a tensor map that the
@@ -20,12 +21,6 @@ struct alignas(128) TmaDescriptor {
   uint64_t opaque[16];
 };
 static_assert(sizeof(TmaDescriptor) == 128, "a CUtensorMap is 128 bytes");
-
-// The thread's arrival on `bar` (count 1 of the stage's barrier) that also announces `bytes`
-// bytes the copies of this phase will complete.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 
 // `bytes` bytes from global `src` to shared `dst`, completing on mbarrier `bar`.
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

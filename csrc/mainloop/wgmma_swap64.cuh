@@ -373,7 +373,7 @@ struct WgmmaSwap64 {
         if constexpr (kBulk) {
           if (tid == 0) {
             const uint32_t bar = smem_u32(&bulk_full[load_slot]);
-            mbar_arrive_expect_tx(bar, kTxBytes);
+            mbar_arrive_expect_tx(&bulk_full[load_slot], kTxBytes);
             if constexpr (kTmaX) {
               tma_load_2d(st, xmap, (kb_begin + bk_kb) * kKBlock, static_cast<int>(x_row0), bar);
             }
