@@ -325,6 +325,13 @@ def test_bulk_copy_and_cta_pair_knobs():
     assert _fit_schedule("indexed", knobs, 192).id == "idx-m64n64k64-w4-s4-c1-wgmma-gs2"  # 3 blocks of 64
 
 
+def test_bulk_weights_need_the_default_tile_group():
+    from chord import jit
+    s = Schedule.from_id("gcon-m256n128k64-w8-s4-c1-wgmma-r8-bw1")
+    with pytest.raises(jit.JitError, match="bulk_w=1 copies whole groups of 8 weight tiles.*cap 4"):
+        jit.build_schedule(s, tile_group_cap=4)  # refused before nvcc runs
+
+
 def test_tensor_map_arguments_are_checked_before_the_driver():
     from chord import jit
     for args, msg in [((8, 64, 512, 1024, 128, 64), "16-byte aligned"),
