@@ -205,9 +205,23 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_limits(args: argparse.Namespace) -> int:
+    from chord import limits
+
+    try:
+        rows = limits.run(args.out, suite=args.suite, scenarios=args.scenarios, families=args.families,
+                          profile_file=args.profile)
+    except (limits.LimitsError, limits.CaptureError) as exc:
+        print(f"chord limits: {exc}", file=sys.stderr)
+        return 2
+    print(limits.markdown(rows), end="")
+    print(f"chord limits: {len(rows)} kernels; wrote {Path(args.out) / 'limits.json'} and {Path(args.out) / 'limits.md'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile,profile}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile,profile,limits}")
     sub.required = True
     _add_bench(sub)
     pi = sub.add_parser("info", help="versions, GPU, compiler, kernel cache, profiles")
@@ -246,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--profile", default=None, help="profile file (default $CHORD_PROFILE or h200)")
     pr.add_argument("--ncu-set", default="basic", help="with --tool ncu: the section set (basic, full, ...)")
     pr.set_defaults(func=_cmd_profile)
+    pl = sub.add_parser("limits", help="Nsight Compute counters per GEMM of the suite: what limits each kernel")
+    pl.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
+    pl.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
+    pl.add_argument("--families", default=None, help="comma-separated families (default: the suite's)")
+    pl.add_argument("--profile", default=None, help="profile file (default $CHORD_PROFILE or h200)")
+    pl.add_argument("--out", default="limits-out", help="output folder (limits.json, limits.md, raw.csv, report)")
+    pl.set_defaults(func=_cmd_limits)
     return parser
 
 

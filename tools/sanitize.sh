@@ -5,6 +5,7 @@
 #                                 # (every family x main loop, edge and bad routing values), then
 #                                 # memcheck over the memory-safety GPU tests
 #   tools/sanitize.sh --quick     # the same with two schedules per family
+#   tools/sanitize.sh --bulk-and-pairs  # the three tools over the bulk-copy / TMA / CTA-pair cases only
 #   tools/sanitize.sh -k masked   # memcheck over a pytest selection of tests/gpu/test_kernels_gpu.py only
 #
 # torch's caching allocator hides out-of-bounds accesses inside its pool, so it is switched off
@@ -16,13 +17,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 SAN="compute-sanitizer --error-exitcode 1 --print-limit 20"
-if [ "$#" -gt 0 ] && [ "$1" != "--quick" ]; then
+if [ "$#" -gt 0 ] && [ "$1" != "--quick" ] && [ "$1" != "--bulk-and-pairs" ]; then
   exec $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py "$@"
 fi
 for tool in memcheck racecheck synccheck; do
   echo "== compute-sanitizer --tool $tool: tools/sanitize_cases.py $*"
   $SAN --tool $tool python3 tools/sanitize_cases.py "$@"
 done
+if [ "${1:-}" = "--bulk-and-pairs" ]; then exit 0; fi
 echo "== compute-sanitizer --tool memcheck: memory-safety GPU tests"
 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
   -k "clamped or stay_in_bounds or overallocated"

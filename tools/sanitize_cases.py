@@ -1,14 +1,16 @@
 """The cases `tools/sanitize.sh` runs under compute-sanitizer (memcheck, racecheck, synccheck).
 
 Every family x main loop (mma, wgmma multistage, wgmma with the producer warp, split-K,
-n_tiles, unswapped) over: ordinary routing, tok_e 0 (no rows), single-row experts, M = 1,
+n_tiles, unswapped, bulk weight copies, the TMA activation box, CTA pairs) over: ordinary routing, tok_e 0 (no rows), single-row experts, M = 1,
 over-allocated buffers, -1 blocks, and trusted bad routing values (contiguous offsets past the
 input, masked counts past max_rows, indexed ids past the sentinel and unknown experts). Each
 case proves its kernel ran: rows the routing names must have been written (no NaN left) and
 match the float32 reference; rows it does not name stay NaN. Exits 1 on any failed proof, so a
 zero exit code under the sanitizer means the kernels ran and no tool reported an error.
 
-    python tools/sanitize_cases.py [--quick]
+    python tools/sanitize_cases.py [--quick | --bulk-and-pairs]
+
+``--bulk-and-pairs`` runs only the bulk-copy / TMA / CTA-pair variants (BULK_AND_PAIRS).
 """
 from __future__ import annotations
 
@@ -29,7 +31,17 @@ def schedules(family: str, quick: bool) -> list[Schedule]:
         out += [Schedule(family, 32, 128, 8, 3, 1, mainloop="wgmma", producer=1),
                 Schedule(family, 8, 64, 4, 3, 1, split_k=2), Schedule(family, 16, 64, 4, 3, 1, n_tiles=2),
                 Schedule(family, 16, 128, 4, 3, 1, swap=0)]
+        out += [Schedule.from_id(i) for i in BULK_AND_PAIRS[family]]
     return out
+
+
+# the bulk-copy and CTA-pair variants (bulk_w, tma_x, cluster_n), the profile's own among them;
+# N = 256 gives the pairs their even count of 128-feature blocks
+BULK_AND_PAIRS = {
+    "indexed": ("idx-m40n128k64-w8-s4-c1-wgmma-bw1", "idx-m32n128k64-w8-s8-c1-wgmma-cn2", "idx-m16n128k64-w4-s3-c1-cn2"),
+    "grouped_contiguous": ("gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2", "gcon-m40n128k64-w8-s4-c1-wgmma-bw1-tx1"),
+    "grouped_masked": ("gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2", "gmsk-m32n128k64-w8-s8-c1-wgmma-cn2"),
+}
 
 
 FAILS: list[str] = []
@@ -114,10 +126,12 @@ def masked(s: Schedule, qe, pw) -> int:
 
 def main() -> int:
     quick = "--quick" in sys.argv
+    only_bulk = "--bulk-and-pairs" in sys.argv
     qe, pw = random_experts(E, N, K, seed=1)
     launches = 0
     for family, run in (("indexed", indexed), ("grouped_contiguous", contiguous), ("grouped_masked", masked)):
-        for s in schedules(family, quick):
+        todo = [Schedule.from_id(i) for i in BULK_AND_PAIRS[family]] if only_bulk else schedules(family, quick)
+        for s in todo:
             print(f"[sanitize_cases] {s.id}", flush=True)  # so a tool's report can be told apart by kernel
             launches += run(s, qe, pw)
     print(f"sanitize_cases: {launches} launches, {len(FAILS)} failed proofs")
