@@ -299,9 +299,9 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
         tmap = _x_tensor_map(x.data_ptr(), x.numel() // k, k, sched.block_m)
     if profiling.nvtx_enabled():
         with nvtx_range(op, schedule_id):
-            kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap)
+            kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap, pdl=sched.pdl == 1)
     else:
-        kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap)
+        kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap, pdl=sched.pdl == 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -135,6 +135,14 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "(multicasting the activation box between the pair measured slower: docs/optimizations.md); off: "
                  "CTAs in grid order (same bits)",
                  "knob", "cluster_n", IMPLEMENTED, "05_grouped_contiguous_masked"),
+    Optimization("programmatic dependent launch",
+                 "the kernel is launched with programmatic stream serialization (cuLaunchKernelEx) and waits for "
+                 "the previous grid on the stream (griddepcontrol.wait) before its first global access, then "
+                 "lets the next grid launch (griddepcontrol.launch_dependents): back to back, the next GEMM's "
+                 "CTAs are launched and resident while this one's last wave runs, so the launch and CTA start "
+                 "leave the critical path (the point at TP8 one token, whose kernels run a few microseconds); "
+                 "off: plain stream order (same bits)",
+                 "knob", "pdl", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("bounded 2-CTA/SM window",
                  "register budget for two resident CTAs per SM on mid-size tiles, to hide cp.async latency; off: "
                  "one CTA per SM",

@@ -136,6 +136,11 @@ KNOBS: tuple[Knob, ...] = (
          "2 = CTA pairs: the kernel is launched in clusters of two CTAs that take neighbouring N blocks of one "
          "token tile, so the hardware runs the pair at the same time on one GPC and its token rows are read "
          "from L2 by both together (no data is exchanged); 1 = CTAs in grid order", off=1),
+    Knob("pdl", "pd", 0, (0, 1), "PDL",
+         "1 = programmatic dependent launch: launched with programmatic stream serialization, the kernel waits "
+         "for the previous grid on the stream (griddepcontrol.wait) before its first global access and then "
+         "lets the next grid launch, so back-to-back GEMMs overlap one's tail with the next one's launch and "
+         "CTA start; 0 = plain stream order", off=0),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -163,6 +168,7 @@ class Schedule:
     bulk_w: int = 0  # wgmma multistage: weights and scales by bulk copies (cp.async.bulk)
     tma_x: int = 0  # wgmma multistage, grouped families: the activation box by one TMA tensor copy
     cluster_n: int = 1  # CTA pairs: clusters of two CTAs on neighbouring N blocks of one token tile
+    pdl: int = 0  # programmatic dependent launch (griddepcontrol; launched with programmatic serialization)
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -251,7 +257,7 @@ class Schedule:
             raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
                              "gathers its rows")
         for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles",
-                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n"):
+                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n", "pdl"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -331,7 +337,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2][-pd1]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):

@@ -9,7 +9,10 @@
 //   x bulk copies (the wgmma loop's BULK_W / TMA_X; TMA_X kernels take the activations' tensor
 //     map as a second __grid_constant__ parameter)
 //   x CTA pairs (CLUSTER_N = 2: the kernel is built with __cluster_dims__(1, 2, 1), and the two
-//     CTAs of a cluster take neighbouring N blocks of one token tile, moe/rows.cuh tile_coords).
+//     CTAs of a cluster take neighbouring N blocks of one token tile, moe/rows.cuh tile_coords)
+//   x programmatic dependent launch (PDL: launched with programmatic stream serialization, the
+//     kernel waits for the previous grid before its first global read and lets the next one
+//     launch, so the next GEMM's CTAs are resident when this one ends; chord.jit Kernel.launch).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
 // tile after the other through one continuous pipeline (the ring keeps loading the next tile's
 // K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile
@@ -43,7 +46,7 @@ template <class M>
 struct UsesTmaX<M, std::void_t<decltype(M::kTmaX)>> : std::bool_constant<M::kTmaX> {};
 
 template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true,
-          bool PERSISTENT = false, int CLUSTER_N = 1>
+          bool PERSISTENT = false, int CLUSTER_N = 1, bool PDL = false>
 struct MoeKernel {
   static_assert(SPLIT >= 1, "SPLIT >= 1");
   static_assert(NTILES >= 1, "NTILES >= 1");
@@ -70,6 +73,14 @@ struct MoeKernel {
 
   // xmap: the activations' tensor map (TMA_X kernels only).
   __device__ __forceinline__ static void run(const GemmParams& p, const TmaDescriptor* xmap = nullptr) {
+    if constexpr (PDL) {
+      // Routing, activations, the split-K workspace and out may all be the previous kernel's
+      // (moe_align, the activation, the GEMM before this one on the stream): wait for its grid
+      // before the first global access; the parameter block is by value. Then let the next
+      // kernel's CTAs launch into the SMs this grid's tail leaves idle (they wait in turn).
+      griddep_wait();
+      griddep_launch_dependents();
+    }
     extern __shared__ __align__(128) uint8_t smem_raw[];
     // token rows of the tile (persistent: of three tiles, moe/rows.cuh TileWalker)
     __shared__ int64_t in_rows[PERSISTENT ? 3 : 1][BT];

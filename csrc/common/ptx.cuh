@@ -114,6 +114,19 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ---- programmatic dependent launch (grid dependency control, PTX 7.8, sm_90) -------------------
+// Both are no-ops in a grid launched without the programmatic-serialization attribute.
+
+// Waits until every grid this one depends on has completed and its memory operations are
+// visible to this grid: nothing a previous kernel on the stream wrote may be read before it.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Lets the next grid on the stream launch (its CTAs then wait in griddep_wait for this grid to
+// finish) once every CTA of this grid has issued it or exited.
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // ---- misc ------------------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t x, uint32_t mask, uint32_t bits) {

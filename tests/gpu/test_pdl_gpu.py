@@ -1,0 +1,127 @@
+"""Programmatic dependent launch (`pdl` knob, id token `pd1`) on the H200.
+
+* every family and main loop (mma, wgmma multistage and with the producer, split-K, n_tiles,
+  persistent, TMA + CTA pairs): the same bits as the schedule without it, and the reference;
+* a chain in which each GEMM reads the previous one's output and overwrites the buffer the one
+  before it read (read-after-write and write-after-read on the stream), with a torch kernel
+  between the pairs (a primary that never triggers): bit-identical to the chain without PDL,
+  eager and as a CUDA graph replayed with new inputs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chord import ops, optimizations, routing
+from chord.schedule import Schedule
+from chord.testing import BF16_TOL, cached_random_experts, rel_err
+
+from test_optimizations_gpu import run_family  # tests/gpu is on sys.path (pytest rootdir-relative "prepend" imports)
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):  # pragma: no cover
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs an sm_90 (Hopper) GPU")]
+
+PDL = optimizations.BY_NAME["programmatic dependent launch"]
+
+PDL_PAIRS = [  # (pdl on, off), written out so tools/device_cache.py finds every id
+    ("idx-m8n256k64-w4-s8-c1-pd1", "idx-m8n256k64-w4-s8-c1"),
+    ("idx-m8n64k64-w4-s6-c1-sk4-pd1", "idx-m8n64k64-w4-s6-c1-sk4"),
+    ("idx-m32n128k64-w8-s8-c1-wgmma-pd1", "idx-m32n128k64-w8-s8-c1-wgmma"),
+    ("idx-m64n128k64-w8-s4-c1-wgmma-ws1-pd1", "idx-m64n128k64-w8-s4-c1-wgmma-ws1"),
+    ("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-pd1", "idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4"),
+    ("idx-m64n128k64-w8-s4-c1-wgmma-ps1-pd1", "idx-m64n128k64-w8-s4-c1-wgmma-ps1"),
+    ("gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2-pd1", "gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2"),
+    ("gcon-m16n128k64-w4-s4-c1-pd1", "gcon-m16n128k64-w4-s4-c1"),
+    ("gcon-m64n256k64-w8-s4-c1-sk3-wgmma-gs2-pd1", "gcon-m64n256k64-w8-s4-c1-sk3-wgmma-gs2"),
+    ("gmsk-m8n128k64-w4-s8-c1-pd1", "gmsk-m8n128k64-w4-s8-c1"),
+    ("gmsk-m32n128k64-w8-s8-c1-wgmma-cn2-pd1", "gmsk-m32n128k64-w8-s8-c1-wgmma-cn2"),
+    ("gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2-pd1", "gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2"),
+]
+
+
+@pytest.mark.parametrize("pair", PDL_PAIRS, ids=lambda p: p[0])
+def test_pdl_same_bits(pair):
+    on, off = Schedule.from_id(pair[0]), Schedule.from_id(pair[1])
+    sid = on.id
+    assert on.pdl == 1 and PDL.is_on(on) and PDL.switch_off(on) == off
+    qe, pw = cached_random_experts(6, 512, 704)
+    got_on, ref, rows = run_family(on, qe, pw, seed=9)
+    got_off, _, _ = run_family(off, qe, pw, seed=9)
+    assert rows > 0
+    assert torch.equal(got_on.view(torch.int16), got_off.view(torch.int16)), sid
+    assert rel_err(got_on, ref) < BF16_TOL, on.id
+
+
+def _chain(s1: Schedule, s2: Schedule, w1, w2, a, b, off, steps: int) -> None:
+    """steps x (b = a @ w1; a = b @ w2; a /= max(|a|, 1)): each GEMM reads what the previous
+    kernel wrote (RAW) and writes what the kernel before it read (WAR); the normalisation is two
+    torch kernels between the pairs."""
+    for _ in range(steps):
+        ops.gemm_contiguous(a, w1, off, out=b, schedule=s1, check_routing=False)
+        ops.gemm_contiguous(b, w2, off, out=a, schedule=s2, check_routing=False)
+        a.div_(a.abs().amax().clamp(min=1.0))
+
+
+@pytest.mark.parametrize("ids", [  # (first GEMM, second GEMM) of the chain, each with pd1 (and without)
+    ("gcon-m16n128k64-w4-s4-c1-pd1", "gcon-m16n128k64-w4-s4-c1-pd1"),
+    ("gcon-m64n128k64-w8-s4-c1-wgmma-tx1-cn2-pd1", "gcon-m32n128k64-w8-s8-c1-wgmma-pd1"),
+    ("gcon-m16n64k64-w4-s6-c1-sk4-pd1", "gcon-m16n128k64-w4-s4-c1-nt2-pd1")], ids=lambda p: p[0])
+def test_pdl_chain_raw_and_war_eager_and_graph(ids):
+    e, d = 4, 512
+    _, w1 = cached_random_experts(e, d, d, seed=1)
+    _, w2 = cached_random_experts(e, d, d, seed=2)
+    counts = [40, 0, 77, 11]
+    off = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int64, device="cuda")
+    rows = sum(counts)
+    x0 = torch.randn(rows, d, device="cuda").bfloat16()
+    with_pdl = [Schedule.from_id(i) for i in ids]
+    base = [PDL.switch_off(s) for s in with_pdl]
+    assert all(s.pdl == 1 for s in with_pdl) and all(s.pdl == 0 for s in base)
+    results = {}
+    for name, (s1, s2) in (("off", base), ("on", with_pdl)):
+        a, b = x0.clone(), torch.empty(rows, d, dtype=torch.bfloat16, device="cuda")
+        _chain(s1, s2, w1, w2, a, b, off, steps=6)
+        torch.cuda.synchronize()
+        results[name] = a
+    assert torch.isfinite(results["off"].float()).all() and results["off"].abs().amax() > 0.01
+    assert torch.equal(results["on"].view(torch.int16), results["off"].view(torch.int16)), ids
+    # the same chain captured once and replayed with new inputs: programmatic edges in the graph
+    a, b = torch.empty_like(x0), torch.empty(rows, d, dtype=torch.bfloat16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        a.copy_(x0)
+        _chain(*with_pdl, w1, w2, a, b, off, steps=2)  # warm: kernels loaded, tensor maps cached
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        _chain(*with_pdl, w1, w2, a, b, off, steps=3)
+    for seed in (3, 4):
+        xs = torch.randn(rows, d, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)).bfloat16()
+        a.copy_(xs)
+        g.replay()
+        ea, eb = xs.clone(), torch.empty_like(b)
+        _chain(*base, w1, w2, ea, eb, off, steps=3)
+        torch.cuda.synchronize()
+        assert torch.equal(a.view(torch.int16), ea.view(torch.int16)), (ids, seed)
+
+
+def test_pdl_indexed_after_routing_kernels():
+    """moe_align's kernels write the routing just before the pd1 GEMM reads it (RAW on a primary
+    that never triggers), M = 1 .. 300, each against the same schedule without PDL."""
+    qe, pw = cached_random_experts(8, 512, 704)
+    on, off = Schedule.from_id("idx-m8n256k64-w4-s8-c1-pd1"), Schedule.from_id("idx-m8n256k64-w4-s8-c1")
+    for m in (1, 7, 300):
+        ids = routing.random_topk_ids(m, 8, 2, seed=m, device="cuda")
+        x = torch.randn(m, 704, device="cuda").bfloat16()
+        outs = []
+        for s in (on, off):
+            r = routing.align_block_size(ids, s.block_m, 8)
+            out = torch.full((m * 2, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+            ops.gemm_indexed(x, pw, r, top_k=2, out=out, schedule=s, check_routing=False)
+            outs.append(out)
+        torch.cuda.synchronize()
+        assert not torch.isnan(outs[0].float()).any()
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), m

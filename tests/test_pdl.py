@@ -1,0 +1,116 @@
+"""Programmatic dependent launch (`pdl`, id token `pd1`) on the host: the knob, the rendered kernel,
+the cuLaunchKernelEx structures against cuda.h, the launch path, and (with nvcc) the SASS."""
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+from chord import jit, optimizations
+from chord.schedule import KNOB, Schedule
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("cuobjdump") is None,
+                                reason="needs nvcc and cuobjdump")
+
+
+def test_knob_id_round_trip_and_off_side():
+    s = Schedule.from_id("idx-m8n256k64-w4-s8-c1-pd1")
+    assert s.pdl == 1 and s.id == "idx-m8n256k64-w4-s8-c1-pd1"
+    assert Schedule("indexed", 8, 256, 4, 8, 1).id == "idx-m8n256k64-w4-s8-c1"  # off: ids of older profiles unchanged
+    assert Schedule.from_id("gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2-pd1").cluster_n == 2
+    o = optimizations.BY_NAME["programmatic dependent launch"]
+    assert o.knob == "pdl" and KNOB["pdl"].off == 0 and o.switch_off(s) == Schedule.from_id("idx-m8n256k64-w4-s8-c1")
+    with pytest.raises(ValueError, match="pdl must be one of 0, 1"):
+        Schedule("indexed", 8, 256, 4, 8, 1, pdl=2)
+
+
+def test_render_passes_pdl_to_the_kernel_template():
+    on = jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1-pd1"))
+    off = jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1"))
+    assert "1, true>;" in on and "1, false>;" in off
+
+
+def test_launch_structures_match_cuda_h():
+    # cuda.h (CUDA 12-13): CUlaunchAttribute = {CUlaunchAttributeID id; char pad[4]; 64-byte value
+    # union}, CUlaunchConfig = {7 x unsigned, CUstream, CUlaunchAttribute *, unsigned}
+    assert ctypes.sizeof(jit.LaunchAttribute) == 72 and jit.LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(jit.LaunchConfig) == 56
+    assert (jit.LaunchConfig.sharedMemBytes.offset, jit.LaunchConfig.hStream.offset, jit.LaunchConfig.attrs.offset,
+            jit.LaunchConfig.numAttrs.offset) == (24, 32, 40, 48)
+    cfg, attr = jit.pdl_launch_config()
+    assert cfg.numAttrs == 1 and cfg.attrs.contents.id == 6 and cfg.attrs.contents.value[0] == 1
+    assert ctypes.addressof(cfg.attrs.contents) == ctypes.addressof(attr)
+
+
+def test_cuda_h_enum_value_where_the_header_is_here():
+    import glob
+    import re
+
+    heads = sorted(glob.glob("/usr/local/cuda*/include/cuda.h"))
+    if not heads:
+        pytest.skip("no CUDA toolkit header on this machine")
+    text = open(heads[-1]).read()
+    m = re.search(r"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION\s*=\s*(\d+)", text)
+    assert m and int(m.group(1)) == jit._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def test_pdl_launch_goes_through_cuLaunchKernelEx_with_the_call_s_geometry(tmp_path, monkeypatch):
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\0" * 16)
+    k = jit.Kernel(cubin, smem_bytes=4096)
+    k._funcs[0] = ctypes.c_void_p(1234)
+    seen = {}
+
+    def fake_ex(cfg_ref, fn, args, extra):
+        c = cfg_ref._obj
+        seen["ex"] = ((c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ), c.sharedMemBytes,
+                      c.hStream, c.numAttrs, c.attrs.contents.id, fn.value, args[0] is not None)
+        return 0
+
+    def fake_plain(*a):
+        seen["plain"] = a[1:4]
+        return 0
+
+    monkeypatch.setattr(jit, "_driver_launch_ex", fake_ex)
+    monkeypatch.setattr(jit, "_driver_launch", fake_plain)
+    k.launch((48, 16, 1), (128, 1, 1), b"\1" * 144, 0, 0xABC0, pdl=True)
+    assert seen.pop("ex") == ((48, 16, 1), (128, 1, 1), 4096, 0xABC0, 1, 6, 1234, True)
+    assert "plain" not in seen
+    k.launch((3, 2, 1), (256, 1, 1), b"\1" * 144, 0, 0, tensor_map=b"\2" * jit.TENSOR_MAP_BYTES, pdl=True)
+    assert seen.pop("ex")[:3] == ((3, 2, 1), (256, 1, 1), 4096)
+    k.launch((5, 1, 1), (128, 1, 1), b"\1" * 144, 0, 0)
+    assert seen == {"plain": (5, 1, 1)}
+
+
+def test_a_failed_pdl_launch_names_it(tmp_path, monkeypatch):
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\0" * 16)
+    k = jit.Kernel(cubin)
+    k._funcs[0] = ctypes.c_void_p(1)
+
+    class FakeDriver:
+        def check(self, rc, what):
+            raise jit.JitError(f"{what} failed: CUDA error {rc}")
+
+    monkeypatch.setattr(jit, "_driver_launch_ex", lambda *a: 1)
+    monkeypatch.setattr(jit, "driver", lambda: FakeDriver())
+    with pytest.raises(jit.JitError, match="cuLaunchKernelEx.*programmatic stream serialization"):
+        k.launch((1, 1, 1), (128, 1, 1), b"", 0, 0, pdl=True)
+
+
+def _sass(schedule_id: str, cache, monkeypatch) -> list[str]:
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(cache))
+    res = jit.build_schedule(Schedule.from_id(schedule_id), 8)
+    out = subprocess.run(["cuobjdump", "--dump-sass", str(res.cubin)], capture_output=True, text=True, check=True).stdout
+    return [ln.split(";")[0].split("*/")[-1].strip() for ln in out.splitlines() if "/*0" in ln and ";" in ln]
+
+
+@needs_nvcc
+def test_sass_waits_for_the_previous_grid_before_the_first_global_load(tmp_path, monkeypatch):
+    on = _sass("gcon-m16n64k64-w4-s3-c1-pd1", tmp_path, monkeypatch)
+    off = _sass("gcon-m16n64k64-w4-s3-c1", tmp_path, monkeypatch)
+    first_global = next(i for i, ins in enumerate(on) if ins.startswith(("LDG", "LDGSTS", "STG", "RED", "ATOM")))
+    waits = [i for i, ins in enumerate(on) if ins.startswith("ACQBULK")]  # griddepcontrol.wait
+    assert waits and waits[0] < first_global
+    assert any(ins.startswith("PREEXIT") for ins in on)  # griddepcontrol.launch_dependents
+    assert not any(ins.startswith(("ACQBULK", "PREEXIT")) for ins in off)
