@@ -11,7 +11,7 @@
 # ---
 
 # %% [markdown]
-# # 06 — Split-K, the 2-CTA/SM window and multi-tile CTAs
+# # 06 — Split-K, the 2-CTA/SM window, multi-tile CTAs and programmatic dependent launch
 #
 # At TP8 one token, 8 of 384 experts are active and each GEMM has only a few output tiles: the
 # GPU idles unless K is split over more CTAs (`split_k`: fp32 partials, the last CTA of a tile
@@ -127,6 +127,26 @@ nt, where = ablate.ablation("06_n_tiles", [("tp8-m64", "indexed", "down"), ("tp8
                             "n_tiles on/off on the profile's TP8 down schedules")
 print(where)
 print(ablate.table(nt, NT_LABELS))
+
+# %% [markdown]
+# ## Programmatic dependent launch: the gate_up + down pair with and without `pdl`
+# At one token the two TP8 GEMMs move ~25 MB (6 µs at HBM speed) but the pair took 22.6 µs in
+# session 9: most of it is launching and starting CTAs. With `pdl=1` each kernel waits for the
+# previous grid (`griddepcontrol.wait`) before its first global access and lets the next one
+# launch early, so the down GEMM's CTAs are resident when gate_up ends. The effect is between
+# the calls, so it is timed on the pair, as `chord bench` does (CUDA-graph replay and eager):
+# live on an H200, else the committed table, else a line saying it has not been measured yet.
+
+# %%
+PDL_POINTS = [("tp8-m1", "indexed"), ("tp8-m64", "indexed"), ("ep8-decode-tok1", "indexed")]
+PDL_VARIANTS = {"profile": {}, "pdl on": {"pdl": 1}}
+pdl_rows, where = ablate.pair_ablation("06_pdl", PDL_POINTS, PDL_VARIANTS,
+                                       "gate_up + down pair, the profile's schedules with pdl off / on")
+print(where)
+if pdl_rows:
+    print(ablate.pair_table(pdl_rows, list(PDL_VARIANTS)))
+for r in ablate.pair_schedules(PDL_POINTS, PDL_VARIANTS):
+    print(f"{r['scenario']:16s} {r['variant']:8s} gate_up {r['gate_up']:36s} down {r['down']}")
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming

@@ -252,3 +252,36 @@ def test_recorded_timing_and_knob_pairs():
         recorded_timing("nope")
     with pytest.raises(ValueError, match="not an A/B timing file"):
         recorded_timing("2026-12-01-h200-session8")
+
+
+# ---- pair ablations (notebook 06: programmatic dependent launch)
+
+def test_pair_schedules_set_the_variant_knobs_on_both_gemms():
+    from chord.workbench import ablate
+
+    rows = ablate.pair_schedules([("tp8-m1", "indexed")], {"profile": {}, "pdl on": {"pdl": 1}})
+    base, on = rows
+    assert (base["variant"], on["variant"]) == ("profile", "pdl on")
+    assert on["gate_up"] == base["gate_up"] + "-pd1" and on["down"] == base["down"] + "-pd1"
+    with pytest.raises(ValueError, match="runs families"):
+        ablate.pair_schedules([("tp8-m1", "grouped_masked")], {"profile": {}})
+
+
+def test_pair_ablation_without_gpu_or_table_says_it_was_not_measured(monkeypatch):
+    from chord.workbench import ablate, data
+
+    monkeypatch.setattr(data, "gpu_available", lambda: False)
+    rows, where = ablate.pair_ablation("no_such_table", [("tp8-m1", "indexed")], {"profile": {}}, "x")
+    assert rows == [] and where.startswith("not measured on an H200 yet")
+
+
+def test_pair_table_relative_times_and_bit_flags():
+    from chord.workbench import ablate
+
+    rows = [{"scenario": "tp8-m1", "family": "indexed", "variant": "profile", "graph_us": 20.0, "eager_us": 30.0,
+             "same_bits_as_first": True},
+            {"scenario": "tp8-m1", "family": "indexed", "variant": "pdl on", "graph_us": 18.0, "eager_us": 30.0,
+             "same_bits_as_first": False}]
+    line = ablate.pair_table(rows, ["profile", "pdl on"])
+    assert "profile: 20.0 / 30.0 us" in line and "-10.0% graph" in line and "+0.0% eager" in line
+    assert line.endswith("DIFFERENT BITS")

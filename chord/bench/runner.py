@@ -192,13 +192,16 @@ def scenario_schedules(family: str, sc: Scenario, profile):
             ChordAPI.select(profile, family, e, sc.n_down, sc.k_down, sc.rows, 1))
 
 
-def _chord_calls(family: str, sc: Scenario, data: I.ScenarioData, fi: I.FamilyInputs, w13, w2, profile):
+def _chord_calls(family: str, sc: Scenario, data: I.ScenarioData, fi: I.FamilyInputs, w13, w2, profile,
+                 schedules=None):
+    """(gate_up, down, gate_up output, down output, info) of the scenario's calls; `schedules`:
+    (gate_up, down) Schedules to run instead of the profile's (a notebook's pair ablation)."""
     import torch
 
     api = ChordAPI
     dev = data.device
     e = sc.experts
-    s1, s2 = scenario_schedules(family, sc, profile)
+    s1, s2 = schedules if schedules is not None else scenario_schedules(family, sc, profile)
     if family == "indexed":
         r1 = api.align(data.topk_ids, s1.block_m, e)
         r2 = r1 if s2.block_m == s1.block_m else api.align(data.topk_ids, s2.block_m, e)

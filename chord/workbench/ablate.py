@@ -162,3 +162,95 @@ def figure_rows(rows: list[dict], labels: list[str]) -> list[dict]:
             row[f"{lb}_us"] = by.get(lb, {}).get("us")
         out.append(row)
     return out
+
+
+# ---- pair ablations: the gate_up + down pair as the bench times it (an optimization whose
+# effect is between the two calls, e.g. programmatic dependent launch, shows only there)
+
+
+def pair_schedules(points, variants: dict) -> list[dict]:
+    """For each (scenario, family) point and variant label: the (gate_up, down) schedule ids of the
+    profile's decision with the variant's knob values set (``variants``: label -> {knob: value};
+    an empty dict is the profile itself). Pure: no GPU."""
+    from chord.bench import runner
+    from chord.bench.suite import load_suite
+    from chord.schedule import gpu_profile_name, override
+
+    out = []
+    for scenario, family in points:
+        sc = load_suite().scenario(scenario)
+        if family not in sc.families:
+            raise ValueError(f"pair_schedules: scenario {scenario} runs families {sc.families}, got {family!r}")
+        prof = runner.ChordAPI.profile(gpu_profile_name(), sc.profile_deployment)
+        s1, s2 = runner.scenario_schedules(family, sc, prof)
+        for label, knobs in variants.items():
+            v1, v2 = override(s1, **knobs), override(s2, **knobs)
+            out.append({"scenario": scenario, "family": family, "variant": label, "gate_up": v1.id, "down": v2.id})
+    return out
+
+
+def measure_pairs(points, variants: dict, rep_ms: float = 50.0, warmup_ms: float = 100.0) -> list[dict]:
+    """Times each point's gate_up + down pair under every variant (sm_90 GPU), as `chord bench`
+    does: the bench's inputs, do_bench median of a CUDA-graph replay of both calls, and eager
+    calls (host and launch time counted); outputs compared bit for bit with the first variant's."""
+    import torch
+
+    from chord.bench import inputs as I
+    from chord.bench import runner, timing
+    from chord.schedule import Schedule
+
+    plan = pair_schedules(points, variants)
+    out = []
+    for scenario, family in points:
+        sc, w13, w2, data, fi = I.one_scenario(None, scenario, family, 0, "cuda", who="pair ablation")
+        first = None
+        for r in (r for r in plan if (r["scenario"], r["family"]) == (scenario, family)):
+            s1, s2 = Schedule.from_id(r["gate_up"]), Schedule.from_id(r["down"])
+            gate_up, down, gu, dn, _ = runner._chord_calls(family, sc, data, fi, w13, w2, None, schedules=(s1, s2))
+
+            def both(gate_up=gate_up, down=down):
+                gate_up()
+                down()
+
+            both()
+            torch.cuda.synchronize()
+            got = (gu.clone(), dn.clone())
+            same = first is None or all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, first))
+            first = first or got
+            graph = timing.bench(both, warmup_ms=warmup_ms, rep_ms=rep_ms, graph=True)
+            eager = timing.bench(both, warmup_ms=warmup_ms, rep_ms=rep_ms)
+            out.append({**r, "graph_us": round(graph.p50, 2), "eager_us": round(eager.p50, 2),
+                        "same_bits_as_first": bool(same)})
+        del sc, w13, w2, data, fi
+        torch.cuda.empty_cache()
+    return out
+
+
+def pair_ablation(name: str, points, variants: dict, what: str, rep_ms: float = 50.0) -> tuple[list[dict], str]:
+    """(rows, where they come from): :func:`measure_pairs` live, or the committed
+    notebooks/data/<name>.csv; where neither exists (not yet run on an H200), no rows and a line
+    saying so, never numbers from elsewhere."""
+    try:
+        return live_or_recorded(name, lambda: measure_pairs(points, variants, rep_ms), what)
+    except FileNotFoundError:
+        return [], (f"not measured on an H200 yet (no notebooks/data/{name}.csv): run this notebook on one with "
+                    f"$CHORD_NOTEBOOK_DATA_OUT set to record it; the schedules it would time are printed below")
+
+
+def pair_table(rows: list[dict], labels: list[str]) -> str:
+    """One line per (scenario, family): graph and eager µs of each variant and each over the first."""
+    lines = []
+    for key in dict.fromkeys((r["scenario"], r["family"]) for r in rows):
+        mine = {r["variant"]: r for r in rows if (r["scenario"], r["family"]) == key}
+        base = mine.get(labels[0])
+        cells = []
+        for lab in labels:
+            r = mine.get(lab)
+            if r is None:
+                continue
+            rel = "" if r is base or base is None else (f" ({r['graph_us'] / base['graph_us'] - 1:+.1%} graph, "
+                                                        f"{r['eager_us'] / base['eager_us'] - 1:+.1%} eager)")
+            cells.append(f"{lab}: {r['graph_us']:.1f} / {r['eager_us']:.1f} us{rel}"
+                         + ("" if r["same_bits_as_first"] else " DIFFERENT BITS"))
+        lines.append(f"{key[0]:20s} {key[1]:18s} " + "; ".join(cells))
+    return "\n".join(lines)
