@@ -14,9 +14,9 @@ import torch
 
 from chord import ops, optimizations, routing
 from chord.schedule import Schedule
-from chord.testing import BF16_TOL, cached_random_experts, rel_err
+from chord.testing import cached_random_experts
 
-from test_optimizations_gpu import run_family  # tests/gpu is on sys.path (pytest rootdir-relative "prepend" imports)
+from test_optimizations_gpu import check_same_bits  # tests/gpu is on sys.path (pytest rootdir-relative "prepend" imports)
 
 pytestmark = pytest.mark.gpu
 
@@ -44,14 +44,8 @@ PDL_PAIRS = [  # (pdl on, off), written out so tools/device_cache.py finds every
 @pytest.mark.parametrize("pair", PDL_PAIRS, ids=lambda p: p[0])
 def test_pdl_same_bits(pair):
     on, off = Schedule.from_id(pair[0]), Schedule.from_id(pair[1])
-    sid = on.id
     assert on.pdl == 1 and PDL.is_on(on) and PDL.switch_off(on) == off
-    qe, pw = cached_random_experts(6, 512, 704)
-    got_on, ref, rows = run_family(on, qe, pw, seed=9)
-    got_off, _, _ = run_family(off, qe, pw, seed=9)
-    assert rows > 0
-    assert torch.equal(got_on.view(torch.int16), got_off.view(torch.int16)), sid
-    assert rel_err(got_on, ref) < BF16_TOL, on.id
+    check_same_bits(on, off, seed=9)
 
 
 def _chain(s1: Schedule, s2: Schedule, w1, w2, a, b, off, steps: int) -> None:
