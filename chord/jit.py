@@ -88,7 +88,7 @@ def render(schedule: "Schedule") -> str:
            f"  ChordKernel::run(p, &xmap);\n" if s.tma_x else
            f"{KERNEL_NAME}(const __grid_constant__ chord::GemmParams p) {{\n"
            f"  ChordKernel::run(p);\n")
-        + f"}}\n"
+        + "}\n"
     )
 
 

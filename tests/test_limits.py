@@ -1,6 +1,5 @@
 """chord.limits / `chord limits` host logic: the ncu raw-page parser, the per-kernel reduction, the
 manifest pairing and the refusals (the ncu run itself is on the H200)."""
-import json
 
 import pytest
 
