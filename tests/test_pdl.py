@@ -1,7 +1,6 @@
 """Programmatic dependent launch (`pdl`, id token `pd1`) on the host: the knob, the rendered kernel,
 the cuLaunchKernelEx structures against cuda.h, the launch path, and the SASS of a built kernel."""
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,11 +12,11 @@ from chord.schedule import KNOB, Schedule
 
 def _toolkit_file(name: str) -> str:
     """A file of the CUDA toolkit the JIT compiles with (nvcc is a dependency: jit.nvcc_path names
-    it when missing): `cuobjdump` beside nvcc, or the path nvcc resolves `#include <name>` to."""
+    it when missing): the JIT's own cuobjdump, or the path nvcc resolves `#include <name>` to."""
     nvcc = jit.nvcc_path()
     if name == "cuobjdump":
-        found = shutil.which("cuobjdump") or str(Path(nvcc).resolve().parent / "cuobjdump")
-        assert Path(found).exists(), f"cuobjdump not found beside {nvcc}"
+        found = jit._cuobjdump()
+        assert found, f"cuobjdump not found on PATH or beside {nvcc} (the JIT's SASS check needs it too)"
         return found
     deps = subprocess.run([nvcc, "-M", "-x", "cu", "-"], input=f"#include <{name}>\n", capture_output=True, text=True,
                           check=True).stdout
