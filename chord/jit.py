@@ -304,8 +304,40 @@ _DESC_RE = re.compile(r"desc\[UR(\d+)\]")
 
 
 def _cuobjdump() -> str | None:
-    tool = shutil.which("cuobjdump") or str(Path(nvcc_path()).parent / "cuobjdump")
-    return tool if Path(tool).exists() or shutil.which(tool) else None
+    """cuobjdump: $CHORD_CUOBJDUMP, else on PATH, beside nvcc (as called and as resolved), under
+    $CUDA_HOME, or the one the `nvidia-cuda-cuobjdump` wheel installs (a dev dependency, for
+    machines whose CUDA toolkit ships nvcc without it); None when none exists."""
+    explicit = os.environ.get("CHORD_CUOBJDUMP")
+    if explicit:
+        return explicit if Path(explicit).exists() or shutil.which(explicit) else None
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    cands = []
+    try:
+        nvcc = Path(nvcc_path())
+        cands += [nvcc.parent / "cuobjdump", nvcc.resolve().parent / "cuobjdump"]
+    except JitError:
+        pass
+    cands += [Path(d, "bin", "cuobjdump") for d in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if d]
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA component wheels
+        cands += [Path(d, sub, "bin", "cuobjdump") for d in nvidia.__path__ for sub in ("cu13", "cu12", "cuda_cuobjdump")]
+    except ImportError:
+        pass
+    return next((str(c) for c in cands if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+def run_cuobjdump(cubin: Path) -> "subprocess.CompletedProcess[str] | None":
+    """`cuobjdump --dump-sass cubin` (None when no cuobjdump exists). cuobjdump disassembles with
+    nvdisasm, looked up on PATH: cuobjdump's own folder is put first, where the toolkit (and the
+    `nvidia-cuda-nvdisasm` wheel) keep it."""
+    tool = _cuobjdump()
+    if tool is None:
+        return None
+    here = str(Path(shutil.which(tool) or tool).resolve().parent)
+    env = dict(os.environ, PATH=here + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, env=env)
 
 
 def _odd_descriptors(cubin: Path) -> list[str]:
@@ -318,8 +350,7 @@ def _odd_descriptors(cubin: Path) -> list[str]:
 
 def _sass_odd_descriptors(cubin: Path, stacklevel: int = 4) -> list[str] | None:
     """`_odd_descriptors`, but None (with the warning) when the check could not run."""
-    tool = _cuobjdump()
-    out = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True) if tool else None
+    out = run_cuobjdump(cubin)
     if out is None or out.returncode != 0:
         warnings.warn(f"chord: could not read the SASS of {cubin.name} (cuobjdump "
                       f"{'not found next to nvcc or on PATH' if out is None else 'failed: ' + out.stderr.strip()[:200]}); "
@@ -402,10 +433,9 @@ def _record_sass_check(cubin: Path, digest: str, log: str) -> str:
 
 def dump_sass(cubin: Path) -> Path:
     """Write `cuobjdump --dump-sass` of a cubin next to it and return the path."""
-    tool = _cuobjdump()
-    if tool is None:
+    out = run_cuobjdump(cubin)
+    if out is None:
         raise JitError(f"cuobjdump not found (next to {nvcc_path()} or on PATH): cannot dump the SASS of {cubin}")
-    out = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True)
     if out.returncode != 0:
         raise JitError(f"cuobjdump failed on {cubin}: {out.stderr}")
     path = cubin.with_suffix(".sass")

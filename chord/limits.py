@@ -140,13 +140,18 @@ def reduce_row(raw: dict, scenario: str, family: str, gemm: str, schedule: str,
                floor_bytes: int | None = None) -> KernelLimits:
     """The per-kernel figures of one raw-page row (base units: ns, bytes, Hz, %)."""
     dur_ns = _first(raw, "gpu__time_duration.sum")
-    clock = _first(raw, "sm__cycles_elapsed.avg.per_second", "smsp__cycles_elapsed.avg.per_second")
+    # (ncu 2025.3's sections report the GPC clock and executed instructions per active cycle, not
+    # the SM clock and issue slots: those are the fallbacks; an SM executes at most 4 per cycle)
+    clock = _first(raw, "sm__cycles_elapsed.avg.per_second", "smsp__cycles_elapsed.avg.per_second",
+                   "gpc__cycles_elapsed.avg.per_second")
     rd = _first(raw, "dram__bytes_read.sum")
     dram_pct = _first(raw, "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
                       "dram__throughput.avg.pct_of_peak_sustained_elapsed")
     l2 = _first(raw, "lts__t_bytes.sum")
     issue = _first(raw, "sm__inst_issued.avg.pct_of_peak_sustained_active",
                    "smsp__issue_active.avg.pct_of_peak_sustained_active")
+    if issue is None and (ipc := _first(raw, "sm__inst_executed.avg.per_cycle_active")) is not None:
+        issue = 100.0 * ipc / 4
     tensor, tmetric = None, None
     for k, v in raw.items():
         if _TENSOR.match(k) and _num(v) is not None and (tensor is None or _num(v) > tensor):

@@ -112,3 +112,14 @@ def test_worker_arguments_round_trip(monkeypatch, tmp_path):
     assert limits.main(["--worker", "--manifest", str(tmp_path / "m.jsonl"), "--points",
                         "ep8-decode-tok1:indexed,tp8-m1:indexed", "--profile", "h200"]) == 0
     assert seen["pts"] == [("ep8-decode-tok1", "indexed"), ("tp8-m1", "indexed")] and seen["prof"] == "h200"
+
+
+def test_clock_and_issue_fall_back_to_what_ncu_2025_reports():
+    """ncu 2025.3's sections (seen on the H200) report the GPC clock and executed instructions per
+    active cycle instead of the SM clock and issue-slot percentage: both are read from those."""
+    raw = {"gpu__time_duration.sum": "11,100", "gpc__cycles_elapsed.avg.per_second": "1,690,000,000",
+           "sm__inst_executed.avg.per_cycle_active": "2.96", "dram__bytes_read.sum": "16,500,000"}
+    r = limits.reduce_row(raw, "tp8-m1", "indexed", "gate_up", "idx-m8n64k64-w4-s8-c1-sk8")
+    assert r.sm_clock_ghz == pytest.approx(1.69)
+    assert r.issue_pct == pytest.approx(74.0)
+    assert r.limiter == "issue"
