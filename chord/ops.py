@@ -127,6 +127,10 @@ def _check_schedule(fn: str, schedule: str, family: str, n: int, k: int | None =
     if s.persistent and k is not None and k // K_BLOCK < s.stages - 2:
         raise ValueError(f"{fn}: schedule {schedule}: persistent=1 keeps the ring at most one tile ahead, so it "
                          f"needs K/64 >= stages-2 = {s.stages - 2} K blocks, got K={k}")
+    if s.stream_k and k is not None and (n // s.block_n) * (k // K_BLOCK) < s.stages:
+        raise ValueError(f"{fn}: schedule {schedule}: stream_k=1 keeps two token blocks' rows while the ring runs "
+                         f"ahead, so a token block's units (N/block_n x K/64 = {(n // s.block_n) * (k // K_BLOCK)}) "
+                         f"must be at least stages={s.stages}")
     return s
 
 
@@ -238,11 +242,14 @@ def _split_buffers(device: torch.device, floats: int, tiles: int) -> tuple[int, 
     return ws.data_ptr(), cnt.data_ptr()
 
 
-def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int) -> dict:
-    if s.split_k == 1:
+def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: int = 0) -> dict:
+    """Workspace and counters of a split-K kernel ([tiles, split_k] partial tiles) or a stream-K
+    one (`ctas` CTAs x 2 partial tiles, csrc/moe/stream_k.cuh: bounded by the grid, not the
+    batch); counters: one per tile of the grid_x x grid_y tile grid."""
+    if s.split_k == 1 and not s.stream_k:
         return {}
     tiles = grid_x * grid_y
-    floats = tiles * s.split_k * s.block_m * s.block_n
+    floats = (ctas * 2 if s.stream_k else tiles * s.split_k) * s.block_m * s.block_n
     if floats * 4 > _SPLIT_WS_LIMIT:
         raise ValueError(f"schedule {s.id}: split-K over {tiles} tiles needs {floats * 4 >> 20} MiB of workspace "
                          f"(limit {_SPLIT_WS_LIMIT >> 20} MiB); use split_k=1 for grids this large")
@@ -278,6 +285,14 @@ def _sm_count(dev: int) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
+def _resident_ctas(sched: Schedule, qweight: torch.Tensor, n: int, dev: int) -> int:
+    """A stream-K grid: SMs x the schedule's ctas_per_sm, capped by what the driver says one SM
+    holds of this kernel (cached per kernel). ctas_per_sm is the plan's knob here: more CTAs
+    stream in parallel, fewer split each tile into fewer partials."""
+    kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
+    return _sm_count(dev) * min(sched.ctas_per_sm, kernel.ctas_per_sm(dev, sched.threads))
+
+
 @functools.lru_cache(maxsize=256)
 def _x_tensor_map(address: int, rows: int, k: int, block_m: int) -> bytes:
     """The tensor map of activations [rows, k] (bf16, contiguous) for a tma_x kernel: boxes of
@@ -293,6 +308,8 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
     stream = _raw_stream(dev)
     if sched.persistent:  # about one wave of CTAs walks the grid's tiles (csrc/moe/rows.cuh, TileWalker)
         grid = (min(grid[0] * grid[1], _sm_count(dev) * kernel.ctas_per_sm(dev, sched.threads)), 1, 1)
+    elif sched.stream_k:  # one wave of CTAs splits the valid units (csrc/moe/stream_k.cuh); the
+        grid = (_resident_ctas(sched, qweight, n, dev), 1, 1)  # workspace was sized for this grid
     tmap = None
     if sched.tma_x:  # the grouped families' x: [rows, K] or [E, max_rows, K], contiguous
         k = x.shape[-1]
@@ -350,11 +367,21 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
     num_blocks = sorted_ids.numel() // block_m
     if num_blocks == 0 or x.shape[0] == 0:
         return
+    ctas = 0
+    if s.stream_k:
+        units = num_blocks * (n // s.block_n) * (k // K_BLOCK)
+        if units >= 2**31:  # csrc/moe/stream_k.cuh plans in 32-bit units
+            raise ValueError(f"gemm_indexed: schedule {schedule}: stream_k=1 plans at most 2^31 - 1 units, but the "
+                             f"routing buffers allow {num_blocks} blocks x {n // s.block_n} N blocks x {k // K_BLOCK} "
+                             f"K blocks = {units}; use stream_k=0 for buffers this large")
+        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        ctas = _resident_ctas(s, qweight, n, dev)
     params = jit.pack_gemm_params(
         x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
-        num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks, **_split_args(s, x, num_blocks, s.grid_n(n)))
+        num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks,
+        **_split_args(s, x, num_blocks, s.grid_n(n), ctas))
     _launch(s, (num_blocks, s.grid_n(n), s.split_k), x, params, "gemm_indexed", schedule, qweight, n)
 
 

@@ -143,6 +143,14 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "leave the critical path (the point at TP8 one token, whose kernels run a few microseconds); "
                  "off: plain stream order (same bits)",
                  "knob", "pdl", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("stream-K",
+                 "indexed family on the mma loop: about one wave of CTAs splits the (token block, N block, K block) "
+                 "units of the device's valid blocks (up to num_tokens_post_padded, so work and bytes follow the "
+                 "active experts) into equal contiguous ranges, each walked through one continuous ring across "
+                 "tiles and experts; a tile shared by CTAs meets as fp32 partials in a workspace of two tiles per "
+                 "CTA, summed by its last contributor in CTA order (deterministic) in the same pass (TP8 one "
+                 "token: 8 of 384 experts); off: one CTA per tile (or split_k)",
+                 "knob", "stream_k", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("bounded 2-CTA/SM window",
                  "register budget for two resident CTAs per SM on mid-size tiles, to hide cp.async latency; off: "
                  "one CTA per SM",
@@ -166,7 +174,11 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "split-K only when the tile grid fills less than half the CTA slots and K has >= 32 blocks (TP8 "
                  "one token): the largest split that fits; off: never split",
                  "policy", None, IMPLEMENTED, "06_split_and_stream_k", rule="split_k_gate"),
-    Optimization("shape-aware stream-K gate", "no stream-K when the M x N tile grid already fills the GPU",
+    Optimization("shape-aware stream-K gate",
+                 "a selection rule giving stream-K to the shapes whose tile grid does not fill the GPU; waits for a "
+                 "stream-K schedule that measures faster somewhere: at TP8 one token (the gate's shape) every "
+                 "stream-K candidate was 1.16-1.45x slower than the profile's split-K / one-tile schedules on the "
+                 "H200 (docs/optimizations.md, \"Stream-K\"), so a gate now would only pick slower kernels",
                  "policy", None, PLANNED, "06_split_and_stream_k", issue=6),
     Optimization("semi-static token slicing", "a static split of each expert's rows over CTAs instead of a queue",
                  "knob", None, PLANNED, "03_decode_operand_swap", issue=6),

@@ -141,6 +141,13 @@ KNOBS: tuple[Knob, ...] = (
          "for the previous grid on the stream (griddepcontrol.wait) before its first global access and then "
          "lets the next grid launch, so back-to-back GEMMs overlap one's tail with the next one's launch and "
          "CTA start; 0 = plain stream order", off=0),
+    Knob("stream_k", "stk", 0, (0, 1), "STREAMK",
+         "mma, indexed: 1 = stream-K: about one wave of CTAs splits the (token block, N block, K block) units "
+         "of the device's valid blocks (up to num_tokens_post_padded, so work and bytes follow the active "
+         "experts) into equal contiguous ranges walked through one continuous ring; a tile shared by several "
+         "CTAs meets as fp32 partials in a bounded workspace (two tiles per CTA) and the last CTA to arrive "
+         "sums them in CTA order (deterministic) in the same pass; 0 = one CTA per tile (or split_k)", off=0,
+         requires=(("mainloop", "mma"),)),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -169,6 +176,7 @@ class Schedule:
     tma_x: int = 0  # wgmma multistage, grouped families: the activation box by one TMA tensor copy
     cluster_n: int = 1  # CTA pairs: clusters of two CTAs on neighbouring N blocks of one token tile
     pdl: int = 0  # programmatic dependent launch (griddepcontrol; launched with programmatic serialization)
+    stream_k: int = 0  # mma, indexed: ~one wave of CTAs splits the valid (tile, K block) units evenly
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -253,11 +261,19 @@ class Schedule:
                              f"multiple of 128, got block_n={self.block_n}")
         if self.cluster_n > 1 and self.persistent:
             raise ValueError(f"cluster_n={self.cluster_n} pairs the launched grid's CTAs, so it needs persistent=0")
+        if self.stream_k:
+            clash = {k: getattr(self, k) for k in ("split_k", "n_tiles", "persistent", "raster", "cluster_n")
+                     if getattr(self, k) != KNOB[k].default}
+            if self.mainloop != "mma" or self.family != "indexed" or clash:
+                raise ValueError(f"stream_k=1 needs the indexed family on mainloop mma and the default split_k / "
+                                 f"n_tiles / persistent / raster / cluster_n (stream-K splits the tile grid itself), "
+                                 f"got family={self.family}, mainloop={self.mainloop}"
+                                 + "".join(f", {k}={v}" for k, v in clash.items()))
         if self.tma_x and self.family == "indexed":
             raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
                              "gathers its rows")
         for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles",
-                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n", "pdl"):
+                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n", "pdl", "stream_k"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -286,7 +302,7 @@ class Schedule:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory: one tile per CTA, the pipeline or the epilogue tile, whichever is
-        larger (the epilogue reuses the drained ring); several (n_tiles > 1, persistent), both (the ring keeps
+        larger (the epilogue reuses the drained ring); several (n_tiles > 1, persistent, stream_k), both (the ring keeps
         loading during an epilogue); plus the base-alignment slack of the wgmma ring (mirrors
         ``MoeKernel::kSmemBytes`` in csrc, which every rendered kernel static_asserts against this
         number)."""
@@ -298,16 +314,16 @@ class Schedule:
             stage = -(-stage // 1024) * 1024
             slack = 1024 - 16
         ring = self.stages * stage
-        both = self.n_tiles > 1 or self.persistent
+        both = self.n_tiles > 1 or self.persistent or self.stream_k
         return (ring + epilogue if both else max(ring, epilogue)) + slack
 
     @property
     def static_smem_bytes(self) -> int:
         """Upper bound of the kernel's static shared memory: the tile's input and output row
-        indices (2 x 8 B per token row; persistent: three tiles' worth) plus the scalars and mbarriers
+        indices (2 x 8 B per token row; persistent: three tiles' worth; stream_k: two blocks' output rows besides) plus the scalars and mbarriers
         (ptxas -v: 16 x block_m + 128 at most on every schedule built); it counts against the same
         227 KB as the ring."""
-        return 16 * self.block_m * (3 if self.persistent else 1) + 256
+        return 16 * self.block_m * (3 if self.persistent else 2 if self.stream_k else 1) + 256
 
     @property
     def block_n_cta(self) -> int:
@@ -337,7 +353,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2][-pd1]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2][-pd1][-stk1]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):

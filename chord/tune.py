@@ -30,6 +30,11 @@ from chord.schedule import (KNOB, MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Sch
 BLOCK_MS = (8, 16, 32, 64)
 BN_WARPS = ((64, 4), (128, 4), (256, 4), (256, 8))
 SPLITS = (2, 4, 8)
+# stream-K candidates (indexed, below STREAM_K_MAX_ROWS rows per expert: TP8 1-64 tokens, where the
+# tile grid of the touched experts fills few CTA slots): 8-row tiles, (block_n, stages)
+STREAM_K_MAX_ROWS = 1
+STREAM_K_TILES = ((64, 8), (64, 12), (128, 8), (128, 12), (256, 6))
+STREAM_K_CTAS = (1, 2, 3)  # the grid is SMs x ctas_per_sm (chord.ops._resident_ctas)
 SPLIT_TOL = 1e-3  # split-K / another main loop sum in another order: compared by relative error, not bits
 # wgmma token tiles (chord.schedule.WGMMA_BLOCK_MS): any multiple of 8 is one instruction shape
 # (m64nBTk16); 48/96/192 cut the padding where rows per expert sit between powers of two (TP8
@@ -164,6 +169,13 @@ def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops:
                     for split in SPLITS:
                         for ctas in (1, 2):
                             out.append(Schedule(family, 8, bn, 4, 8, ctas, split))
+        if rows_per_expert < STREAM_K_MAX_ROWS and family == "indexed":  # one wave splits the valid units
+            for bn, stages in STREAM_K_TILES:
+                if n % bn == 0:
+                    for ctas in STREAM_K_CTAS:
+                        s = Schedule(family, 8, bn, 4, stages, ctas, stream_k=1)
+                        if _fits(s):
+                            out.append(s)
     if "wgmma" in mainloops and rows_per_expert >= WGMMA_MIN_ROWS:
         for bm in block_m_candidates(rows_per_expert, WGMMA_BLOCK_MS, above=1):
             for bn, warps, gs in WGMMA_TILES:

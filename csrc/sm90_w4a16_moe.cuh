@@ -12,7 +12,9 @@
 //     CTAs of a cluster take neighbouring N blocks of one token tile, moe/rows.cuh tile_coords)
 //   x programmatic dependent launch (PDL: launched with programmatic stream serialization, the
 //     kernel waits for the previous grid before its first global read and lets the next one
-//     launch, so the next GEMM's CTAs are resident when this one ends; chord.jit Kernel.launch).
+//     launch, so the next GEMM's CTAs are resident when this one ends; chord.jit Kernel.launch)
+//   x stream-K (STREAMK, indexed family on the mma loop: about one wave of CTAs splits the valid
+//     (tile, K block) units evenly, moe/stream_k.cuh).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
 // tile after the other through one continuous pipeline (the ring keeps loading the next tile's
 // K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile
@@ -31,6 +33,7 @@
 #include "mainloop/wgmma_swap64.cuh"
 #include "moe/epilogue.cuh"
 #include "moe/rows.cuh"
+#include "moe/stream_k.cuh"
 
 namespace chord {
 
@@ -46,7 +49,7 @@ template <class M>
 struct UsesTmaX<M, std::void_t<decltype(M::kTmaX)>> : std::bool_constant<M::kTmaX> {};
 
 template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true,
-          bool PERSISTENT = false, int CLUSTER_N = 1, bool PDL = false>
+          bool PERSISTENT = false, int CLUSTER_N = 1, bool PDL = false, bool STREAMK = false>
 struct MoeKernel {
   static_assert(SPLIT >= 1, "SPLIT >= 1");
   static_assert(NTILES >= 1, "NTILES >= 1");
@@ -57,7 +60,7 @@ struct MoeKernel {
   // (the dynamic segment itself is 16-byte aligned). One tile per CTA: the pipeline or the
   // epilogue tile (the epilogue reuses the drained ring). Several: the ring, then the epilogue
   // tile after it (the ring is still loading the next tile while an epilogue runs).
-  static constexpr bool kRingAndEpilogue = NTILES > 1 || PERSISTENT;
+  static constexpr bool kRingAndEpilogue = NTILES > 1 || PERSISTENT || STREAMK;
   static constexpr int kEpiOffset = kRingAndEpilogue ? Mainloop::kSmemBytes : 0;
   static constexpr int kSmemBytes =
       (kRingAndEpilogue ? Mainloop::kSmemBytes + EpilogueConfig<BT, BN>::kSmemBytes
@@ -70,6 +73,10 @@ struct MoeKernel {
   static_assert(!kTmaX || !PERSISTENT, "TMA_X: one item per CTA");
   static_assert(CLUSTER_N == 1 || CLUSTER_N == 2, "CLUSTER_N is 1 or 2");
   static_assert(CLUSTER_N == 1 || !PERSISTENT, "CLUSTER_N: the launched grid's tiles (not persistent)");
+  static_assert(!STREAMK || (F == Family::kIndexed && SPLIT == 1 && NTILES == 1 && !PERSISTENT && CLUSTER_N == 1 &&
+                             RASTER == 0 && !kTmaX),
+                "STREAMK: the indexed family, splitting the tile grid itself (no split-K, n_tiles, persistent, "
+                "raster or pairs)");
 
   // xmap: the activations' tensor map (TMA_X kernels only).
   __device__ __forceinline__ static void run(const GemmParams& p, const TmaDescriptor* xmap = nullptr) {
@@ -93,6 +100,19 @@ struct MoeKernel {
     if constexpr (Mainloop::kAlign > 128) {
       const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
       smem += (Mainloop::kAlign - (addr % Mainloop::kAlign)) % Mainloop::kAlign;
+    }
+    if constexpr (STREAMK) {
+      const StreamKPlan<BT, BN> plan(p);
+      if (plan.u0 >= plan.u1) return;  // uniform: fewer units than CTAs
+      __shared__ StreamKRows<BT> sk_rows;
+      typename Mainloop::Acc acc;
+      auto epilogue = [&](int t, int seg_begin, int seg_end, int slot, const typename Mainloop::Acc& a) {
+        if (sk_rows.expert[slot] < 0) return;  // uniform: a block without a local expert stores nothing
+        store_stream_k<BT, BN, kThreads, Mainloop::kMmaWarps, Mainloop::kNTW, Mainloop::kSwapped, STMATRIX>(
+            p, plan, a, t, seg_begin, seg_end, sk_rows.out_row[slot], smem + kEpiOffset);
+      };
+      Mainloop::run_stream(p, plan, sk_rows, smem, acc, epilogue);
+      return;
     }
     if constexpr (PERSISTENT) {
       using Walker = TileWalker<F, BT, BN * NTILES, RASTER, kThreads>;  // an item: NTILES N blocks

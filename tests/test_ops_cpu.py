@@ -66,6 +66,8 @@ def call_indexed(a):
     (dict(schedule="idx-m64n128k64-w8-s4-c1-wgmma-tx1"), ValueError, "tma_x=1 needs a grouped family"),
     (dict(schedule="idx-m64n64k64-w4-s4-c1-wgmma-bw1"), ValueError, "bulk_w=1 copies whole groups of 8 weight tiles"),
     (dict(schedule="idx-m8n128k64-w4-s4-c1-bw1"), ValueError, "bulk_w=1 needs mainloop wgmma"),
+    (dict(schedule="idx-m8n256k64-w4-s12-c1-stk1"), ValueError, "stream_k=1 keeps two token blocks' rows"),
+    (dict(schedule="idx-m8n128k64-w4-s4-c1-sk2-stk1"), ValueError, "stream_k=1 needs the indexed family on mainloop mma"),
     (dict(schedule="fast"), ValueError, "schedule id"),
 ])
 def test_indexed_bad_input(over, exc, msg):

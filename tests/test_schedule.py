@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from chord import jit
 from chord.schedule import (FAMILIES, Problem, Schedule, default_deployment, explain, load_profile,
                             load_profile_file, schedule_table, select)
 
@@ -355,3 +356,26 @@ def test_stmatrix_and_persistent_knobs():
         Schedule.from_id("idx-m64n128k64-w8-s4-c1-wgmma-ws1-ps1")
     # three row buffers of static shared memory count against the CTA's limit
     assert s.static_smem_bytes == 16 * 96 * 3 + 256
+
+
+def test_stream_k_knob():
+    s = Schedule.from_id("idx-m8n64k64-w4-s8-c1-stk1-pd1")
+    assert s.stream_k == 1 and s.pdl == 1 and s.id == "idx-m8n64k64-w4-s8-c1-pd1-stk1"
+    assert Schedule.from_id(s.id) == s
+    # the ring and the epilogue tile both (the ring keeps loading while a segment is stored), and
+    # two token blocks' output rows of static shared memory
+    plain = Schedule.from_id("idx-m8n64k64-w4-s8-c1")
+    assert s.smem_bytes == plain.smem_bytes + 8 * (64 + 8) * 2
+    assert s.static_smem_bytes == 16 * 8 * 2 + 256
+    for bad, what in (("gmsk-m8n64k64-w4-s8-c1-stk1", "family=grouped_masked"),
+                      ("gcon-m8n64k64-w4-s8-c1-stk1", "family=grouped_contiguous"),
+                      ("idx-m64n128k64-w8-s4-c1-wgmma-stk1", "mainloop=wgmma"),
+                      ("idx-m8n64k64-w4-s8-c1-sk8-stk1", "split_k=8"),
+                      ("idx-m8n64k64-w4-s8-c1-nt2-stk1", "n_tiles=2"),
+                      ("idx-m8n64k64-w4-s8-c1-r4-stk1", "raster=4"),
+                      ("idx-m8n64k64-w4-s8-c1-cn2-stk1", "cluster_n=2")):
+        with pytest.raises(ValueError, match=f"stream_k=1 needs the indexed family.*{what}"):
+            Schedule.from_id(bad)
+    assert Schedule.from_id("idx-m16n64k64-w4-s8-c1-swap0-stk1").swap == 0  # the swap's ablation applies
+    on, off = jit.render(s), jit.render(Schedule.from_id("idx-m8n64k64-w4-s8-c1-pd1"))
+    assert "1, true, true>;" in on and "1, true, false>;" in off  # (..., CLUSTER_N, PDL, STREAMK)

@@ -42,6 +42,62 @@ struct MmaSwap16 {
   // !SWAP: acc[j][2u + h] is the m16n8 tile (tokens 16u..16u+15) x (features 8h..8h+7 of tile j).
   using Acc = float[kNTW][kTT][4];
 
+  // The MMAs of one landed ring stage `st` (weights, scales, activations of one K block) into acc.
+  __device__ __forceinline__ static void compute_stage(const uint8_t* st, Acc& acc) {
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const uint4* sw = reinterpret_cast<const uint4*>(st);
+    const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
+    const uint8_t* sx = st + kWBytes + kSBytes;
+
+    uint4 words[kNTW];
+    uint2 scl[kNTW];
+#pragma unroll
+    for (int j = 0; j < kNTW; ++j) {
+      const int t = warp * kNTW + j;
+      words[j] = sw[t * 32 + lane];
+      scl[j] = ss[t * 8 + lane / 4];
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // two 32-wide halves = two scale groups
+      uint32_t b[kTT][4];
+#pragma unroll
+      for (int i = 0; i < kTT; ++i) {
+        const int r = i * 8 + (lane & 7);
+        const int ch = 4 * h + (lane >> 3);
+        ldmatrix_x4(b[i], sx + r * 128 + ((ch ^ (r & 7)) * 16));
+      }
+#pragma unroll
+      for (int j = 0; j < kNTW; ++j) {
+        const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
+        const __nv_bfloat162 s_lo = __low2bfloat162(sp);
+        const __nv_bfloat162 s_hi = __high2bfloat162(sp);
+#pragma unroll
+        for (int ss2 = 0; ss2 < 2; ++ss2) {
+          const int step = 2 * h + ss2;
+          const uint32_t w = step == 0 ? words[j].x : step == 1 ? words[j].y : step == 2 ? words[j].z : words[j].w;
+          uint32_t a[4];
+          dequant_swap16(w, s_lo, s_hi, a);
+          if constexpr (SWAP) {
+#pragma unroll
+            for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(acc[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
+          } else {
+            // The weight fragment's {a0, a2} / {a1, a3} are the k16 x n8 B operands of
+            // features 0-7 / 8-15; two 8-token fragments make one 16-token A operand.
+#pragma unroll
+            for (int u = 0; u < kTT / 2; ++u) {
+              const uint32_t t[4] = {b[2 * u][2 * ss2], b[2 * u + 1][2 * ss2], b[2 * u][2 * ss2 + 1],
+                                     b[2 * u + 1][2 * ss2 + 1]};
+              mma_bf16_m16n8k16(acc[j][2 * u], t, a[0], a[2]);
+              mma_bf16_m16n8k16(acc[j][2 * u + 1], t, a[1], a[3]);
+            }
+          }
+        }
+      }
+    }
+  }
+
   // Accumulates K blocks [kb_begin, kb_end) of expert `expert` for NTILES consecutive N blocks
   // from `n_block`, one after the other through one ring (the loads run ahead across tile
   // boundaries), and calls epilogue(t, acc) after tile t. `in_row[r]` (shared): input row of
@@ -53,8 +109,6 @@ struct MmaSwap16 {
                                              const int64_t* __restrict__ in_row, int kb_begin, int kb_end,
                                              uint8_t* smem, Acc& acc, Epilogue&& epilogue) {
     const int tid = threadIdx.x;
-    const int warp = tid / 32;
-    const int lane = tid % 32;
     const int K = static_cast<int>(p.k);
     const int KB = kb_end - kb_begin;
     const uint64_t evict_first = make_evict_first_policy();
@@ -168,63 +222,172 @@ struct MmaSwap16 {
           if (next < TOTAL) load_next(next % STAGES);
           cp_async_commit();
         }
-        const uint8_t* st = smem + (g % STAGES) * kStageBytes;
-        const uint4* sw = reinterpret_cast<const uint4*>(st);
-        const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
-        const uint8_t* sx = st + kWBytes + kSBytes;
-
-        uint4 words[kNTW];
-        uint2 scl[kNTW];
-#pragma unroll
-        for (int j = 0; j < kNTW; ++j) {
-          const int t = warp * kNTW + j;
-          words[j] = sw[t * 32 + lane];
-          scl[j] = ss[t * 8 + lane / 4];
-        }
-
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // two 32-wide halves = two scale groups
-          uint32_t b[kTT][4];
-#pragma unroll
-          for (int i = 0; i < kTT; ++i) {
-            const int r = i * 8 + (lane & 7);
-            const int ch = 4 * h + (lane >> 3);
-            ldmatrix_x4(b[i], sx + r * 128 + ((ch ^ (r & 7)) * 16));
-          }
-#pragma unroll
-          for (int j = 0; j < kNTW; ++j) {
-            const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
-            const __nv_bfloat162 s_lo = __low2bfloat162(sp);
-            const __nv_bfloat162 s_hi = __high2bfloat162(sp);
-#pragma unroll
-            for (int ss2 = 0; ss2 < 2; ++ss2) {
-              const int step = 2 * h + ss2;
-              const uint32_t w = step == 0 ? words[j].x : step == 1 ? words[j].y : step == 2 ? words[j].z : words[j].w;
-              uint32_t a[4];
-              dequant_swap16(w, s_lo, s_hi, a);
-              if constexpr (SWAP) {
-#pragma unroll
-                for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(acc[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
-              } else {
-                // The weight fragment's {a0, a2} / {a1, a3} are the k16 x n8 B operands of
-                // features 0-7 / 8-15; two 8-token fragments make one 16-token A operand.
-#pragma unroll
-                for (int u = 0; u < kTT / 2; ++u) {
-                  const uint32_t t[4] = {b[2 * u][2 * ss2], b[2 * u + 1][2 * ss2], b[2 * u][2 * ss2 + 1],
-                                         b[2 * u + 1][2 * ss2 + 1]};
-                  mma_bf16_m16n8k16(acc[j][2 * u], t, a[0], a[2]);
-                  mma_bf16_m16n8k16(acc[j][2 * u + 1], t, a[1], a[3]);
-                }
-              }
-            }
-          }
-        }
+        compute_stage(smem + (g % STAGES) * kStageBytes, acc);
       }
       if constexpr (NTILES > 1) epilogue(tile, acc);  // its shared memory lies after the ring
     }
     cp_async_wait<0>();
     __syncthreads();  // every read of the pipeline's shared memory is done (the epilogue reuses it)
     if constexpr (NTILES == 1) epilogue(0, acc);
+  }
+
+  // Stream-K (moe/stream_k.cuh): units [plan.u0, plan.u1) in order, one continuous ring across
+  // tiles, token blocks and experts. The loads run STAGES-1 units ahead; when they enter a token
+  // block they take its expert and sorted ids from registers loaded when they entered the block
+  // before (only the CTA's first block waits for its routing), write its output rows to
+  // rows.out_row[b & 1] and start loading the next block's. A block without a local expert loads
+  // nothing (its MMAs run on stale shared memory and are never stored). After the last unit of each
+  // segment, epilogue(t, seg_begin, seg_end, b & 1, acc) runs while the next units' copies are in
+  // flight (its shared memory lies after the ring).
+  template <class Plan, class Rows, class Epilogue>
+  __device__ __forceinline__ static void run_stream(const GemmParams& p, const Plan& plan, Rows& rows, uint8_t* smem,
+                                                    Acc& acc, Epilogue&& epilogue) {
+    const int tid = threadIdx.x;
+    const int K = static_cast<int>(p.k);
+    const int KB = plan.KB, Y = plan.Y;
+    const int TOTAL = plan.u1 - plan.u0;
+    const uint64_t evict_first = make_evict_first_policy();
+    constexpr int T = kThreads;
+    constexpr int kWChunks = kNTiles * 32;
+    constexpr int kSChunks = kNTiles * 4;
+    constexpr int kXChunks = BT * 8;
+    constexpr int kWIters = (kWChunks + T - 1) / T;
+    constexpr int kSIters = (kSChunks + T - 1) / T;
+    constexpr int kXIters = (kXChunks + T - 1) / T;
+    const int wstep = Swap16Layout<kNTiles>(p, 0).group() * 32;  // G depends on N only
+    const int sstep = wstep * 2;
+    const uint32_t smem_base = smem_u32(smem);
+    const uint4* wsrc[kWIters];
+    const uint8_t* ssrc[kSIters];
+    const __nv_bfloat16* xsrc[kXIters];
+    uint32_t xdst[kXIters];
+    bool xvalid[kXIters];
+#pragma unroll
+    for (int it = 0; it < kXIters; ++it) {
+      const int c = tid + it * T;
+      const int r = (c / 8) % BT, ch = c % 8;
+      xdst[it] = kWBytes + kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
+    }
+    // routing of the next token block, loaded a block ahead
+    int pf_b = -1, pf_e = -1;
+    int32_t pf_id[kXIters];
+    auto fetch = [&](int b) {
+      pf_b = b;
+      pf_e = p.expert_ids[b];
+#pragma unroll
+      for (int it = 0; it < kXIters; ++it) {
+        const int c = tid + it * T;
+        pf_id[it] = (kXChunks % T == 0 || c < kXChunks) ? p.sorted_ids[static_cast<int64_t>(b) * BT + (c / 8) % BT] : -1;
+      }
+    };
+    int l_b = -1, l_e = -1;  // token block and expert the loads are in
+    auto enter = [&](int b) {
+      if (pf_b != b) fetch(b);
+      l_b = b;
+      l_e = pf_e >= 0 && pf_e < p.num_experts ? pf_e : -1;
+      const int slot = b & 1;
+#pragma unroll
+      for (int it = 0; it < kXIters; ++it) {
+        const int c = tid + it * T;
+        if (kXChunks % T == 0 || c < kXChunks) {
+          const int r = (c / 8) % BT, ch = c % 8;
+          const int id = pf_id[it];
+          const bool valid = l_e >= 0 && id >= 0 && id < p.num_valid_ids;
+          xvalid[it] = valid;  // (32-bit division: sorted ids are int32)
+          xsrc[it] = p.x + (valid ? static_cast<int64_t>(id / static_cast<int>(p.top_k)) * K + ch * 8 : 0);
+          if (ch == 0) rows.out_row[slot][r] = valid ? id : -1;
+        }
+      }
+      if (tid == 0) rows.expert[slot] = l_e;
+      if ((b + 1) * plan.units_per_block() < plan.u1) fetch(b + 1);
+    };
+    // Points the loads at tile t (K block 0; each K block adds kb strides).
+    auto aim = [&](int t) {
+      const int b = t / Y;
+      const int nb = t - b * Y;
+      if (b != l_b) enter(b);
+      if (l_e < 0) return;
+      const Swap16Layout<kNTiles> lay(p, l_e);
+      const int t0 = nb * kNTiles;
+#pragma unroll
+      for (int it = 0; it < kWIters; ++it) {
+        const int c = tid + it * T;
+        wsrc[it] = p.qweight + lay.block(t0 + c / 32, 0) * 32 + (c % 32);
+      }
+#pragma unroll
+      for (int it = 0; it < kSIters; ++it) {
+        const int c = tid + it * T;
+        ssrc[it] = reinterpret_cast<const uint8_t*>(p.scales + lay.block(t0 + c / 4, 0) * 8) + (c % 4) * 16;
+      }
+    };
+    int l_t = plan.u0 / KB;  // the next load: K block l_kb of tile l_t
+    int l_kb = plan.u0 - l_t * KB;
+    aim(l_t);
+    auto load_next = [&](int slot) {
+      if (l_e >= 0) {
+        const uint32_t st = smem_base + slot * kStageBytes;
+#pragma unroll
+        for (int it = 0; it < kWIters; ++it) {
+          const int c = tid + it * T;
+          if (kWChunks % T == 0 || c < kWChunks)
+            cp_async_16_stream_u32(st + c * 16, wsrc[it] + l_kb * wstep, evict_first);
+        }
+#pragma unroll
+        for (int it = 0; it < kSIters; ++it) {
+          const int c = tid + it * T;
+          if (kSChunks % T == 0 || c < kSChunks)
+            cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + l_kb * sstep, evict_first);
+        }
+#pragma unroll
+        for (int it = 0; it < kXIters; ++it) {
+          const int c = tid + it * T;
+          if (kXChunks % T == 0 || c < kXChunks)
+            cp_async_16_u32(st + xdst[it], xsrc[it] + l_kb * kKBlock, xvalid[it]);
+        }
+      }
+      if (++l_kb == KB) {
+        l_kb = 0;
+        if (++l_t * KB < plan.u1) aim(l_t);
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < TOTAL) load_next(s);
+      cp_async_commit();
+    }
+    int c_t = plan.u0 / KB;  // the unit computed: K block c_kb of tile c_t (the loads are ahead by now)
+    int c_kb = plan.u0 - c_t * KB;
+    int seg_begin = plan.u0;
+    for (int g = 0; g < TOTAL; ++g) {
+      if (g == 0 || c_kb == 0) {
+#pragma unroll
+        for (int j = 0; j < kNTW; ++j)
+#pragma unroll
+          for (int i = 0; i < kTT; ++i)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
+      }
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // stage g landed for everyone; stage g-1 is free to overwrite
+      {
+        const int next = g + STAGES - 1;
+        if (next < TOTAL) load_next(next % STAGES);
+        cp_async_commit();
+      }
+      compute_stage(smem + (g % STAGES) * kStageBytes, acc);
+      if (c_kb == KB - 1 || g == TOTAL - 1) {
+        const int seg_end = plan.u0 + g + 1;
+        epilogue(c_t, seg_begin, seg_end, (c_t / Y) & 1, acc);
+        seg_begin = seg_end;
+      }
+      if (++c_kb == KB) {
+        c_kb = 0;
+        ++c_t;
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
   }
 };
 

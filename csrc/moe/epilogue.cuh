@@ -44,6 +44,58 @@ __device__ __forceinline__ void epilogue_sync() {
   }
 }
 
+// One walk over a thread's accumulator fragments (the layouts above): put(tok, feature, value)
+// is where each value goes. Warps without accumulators (a producer warp) have none.
+template <int BT, int MMA_WARPS, int NTW, bool SWAPPED, class Put>
+__device__ __forceinline__ void for_each_acc(const float (&acc)[NTW][BT / 8][4], Put&& put) {
+  constexpr int kTT = BT / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  if (warp >= MMA_WARPS) return;
+#pragma unroll
+  for (int j = 0; j < NTW; ++j) {
+    if constexpr (SWAPPED) {
+      const int n0 = (warp * NTW + j) * 16 + g;
+#pragma unroll
+      for (int i = 0; i < kTT; ++i) {
+        const int tok = i * 8 + 2 * t4;
+        put(tok + 0, n0, acc[j][i][0]);
+        put(tok + 1, n0, acc[j][i][1]);
+        put(tok + 0, n0 + 8, acc[j][i][2]);
+        put(tok + 1, n0 + 8, acc[j][i][3]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTT; ++i) {
+        const int n0 = (warp * NTW + j) * 16 + (i % 2) * 8 + 2 * t4;
+        const int tok = (i / 2) * 16 + g;
+        put(tok, n0, acc[j][i][0]);
+        put(tok, n0 + 1, acc[j][i][1]);
+        put(tok + 8, n0, acc[j][i][2]);
+        put(tok + 8, n0 + 1, acc[j][i][3]);
+      }
+    }
+  }
+}
+
+// The staged bf16 tile (BT rows of kCStride) to its output rows, 16 bytes at a time; rows < 0
+// (padding) are skipped. Threads 0..THREADS-1 call it after the tile is staged and published.
+template <int BT, int BN, int THREADS>
+__device__ __forceinline__ void store_rows(const GemmParams& p, const __nv_bfloat16* sc, int n_block,
+                                           const int64_t* __restrict__ out_row) {
+  using E = EpilogueConfig<BT, BN>;
+  constexpr int kChunksPerRow = BN / 8;
+  const int N = static_cast<int>(p.n);
+#pragma unroll
+  for (int c = threadIdx.x; c < BT * kChunksPerRow; c += THREADS) {
+    const int r = c / kChunksPerRow, ch = c % kChunksPerRow;
+    const int64_t row = out_row[r];
+    if (row < 0) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(sc + r * E::kCStride + ch * 8);
+    *reinterpret_cast<uint4*>(p.out + row * N + static_cast<int64_t>(n_block) * BN + ch * 8) = v;
+  }
+}
+
 template <int BT, int BN, int THREADS, int MMA_WARPS, int NTW, int SPLIT, bool ALL = true, bool SWAPPED = true,
           bool STMATRIX = true>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[NTW][BT / 8][4], int n_block,
@@ -52,39 +104,9 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
   constexpr int kTT = BT / 8;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t4 = lane % 4;
-  const int N = static_cast<int>(p.n);
   __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(smem);
 
-  // One walk over the fragments; `put(tok, feature, value)` is where each value goes. Warps
-  // without accumulators (a producer warp) only help with the barriers and the row stores.
-  auto walk = [&](auto&& put) {
-    if (warp >= MMA_WARPS) return;
-#pragma unroll
-    for (int j = 0; j < NTW; ++j) {
-      if constexpr (SWAPPED) {
-        const int n0 = (warp * NTW + j) * 16 + g;
-#pragma unroll
-        for (int i = 0; i < kTT; ++i) {
-          const int tok = i * 8 + 2 * t4;
-          put(tok + 0, n0, acc[j][i][0]);
-          put(tok + 1, n0, acc[j][i][1]);
-          put(tok + 0, n0 + 8, acc[j][i][2]);
-          put(tok + 1, n0 + 8, acc[j][i][3]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kTT; ++i) {
-          const int n0 = (warp * NTW + j) * 16 + (i % 2) * 8 + 2 * t4;
-          const int tok = (i / 2) * 16 + g;
-          put(tok, n0, acc[j][i][0]);
-          put(tok, n0 + 1, acc[j][i][1]);
-          put(tok + 8, n0, acc[j][i][2]);
-          put(tok + 8, n0 + 1, acc[j][i][3]);
-        }
-      }
-    }
-  };
+  auto walk = [&](auto&& put) { for_each_acc<BT, MMA_WARPS, NTW, SWAPPED>(acc, put); };
 
   if constexpr (SPLIT == 1 && SWAPPED && STMATRIX) {
     if (warp < MMA_WARPS) {
@@ -141,15 +163,7 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (and CUDA-graph replays)
   }
   epilogue_sync<THREADS, ALL>();
-  constexpr int kChunksPerRow = BN / 8;
-#pragma unroll
-  for (int c = tid; c < BT * kChunksPerRow; c += THREADS) {
-    const int r = c / kChunksPerRow, ch = c % kChunksPerRow;
-    const int64_t row = out_row[r];
-    if (row < 0) continue;
-    const uint4 v = *reinterpret_cast<const uint4*>(sc + r * E::kCStride + ch * 8);
-    *reinterpret_cast<uint4*>(p.out + row * N + static_cast<int64_t>(n_block) * BN + ch * 8) = v;
-  }
+  store_rows<BT, BN, THREADS>(p, sc, n_block, out_row);
 }
 
 }  // namespace chord

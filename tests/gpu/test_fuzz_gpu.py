@@ -50,11 +50,14 @@ def _sample(family: str, rng: random.Random) -> Schedule | None:
     if wg and not kw.get("producer") and not kw.get("persistent"):  # bulk copies: the multistage ring
         kw["bulk_w"] = rng.choice((0, 0, 1)) if bn % 128 == 0 else 0
         kw["tma_x"] = rng.choice((0, 0, 1)) if family != "indexed" else 0
-    if not kw.get("persistent"):
+    raster = rng.choice((0, 0, 4))
+    if not wg and family == "indexed" and split == 1 and nt == 1 and kw.get("swap", 1) and rng.random() < 0.3:
+        kw["stream_k"], raster = 1, 0  # stream-K splits the tile grid itself (no raster, no pairs)
+    if not kw.get("persistent") and not kw.get("stream_k"):
         kw["cluster_n"] = rng.choice((1, 1, 1, 2))
     try:
         return Schedule(family, bm, bn, warps, stages, c if not kw.get("producer") else 1, split_k=split,
-                        raster=rng.choice((0, 0, 4)), n_tiles=nt, **kw)
+                        raster=raster, n_tiles=nt, **kw)
     except ValueError:
         return None
 
@@ -80,6 +83,15 @@ def fuzz_pool(family: str) -> list[Schedule]:
                 except ValueError:
                     continue
                 pool[v.id] = v
+        if s.mainloop == "mma" and family == "indexed":
+            try:  # the same tile as a stream-K grid (split-K and n_tiles give way)
+                v = override(s, stream_k=1, split_k=1, n_tiles=1, raster=0, cluster_n=1)
+                pool[v.id] = v
+            except ValueError:
+                pass
+    for s in list(pool.values())[:4]:  # programmatic dependent launch on a few (same kernels otherwise)
+        v = override(s, pdl=1)
+        pool[v.id] = v
     rng = random.Random(1234 + FAMILIES.index(family))
     sampled = 0
     for _ in range(20000):
@@ -113,7 +125,9 @@ def _case(family: str, i: int, pool: list[Schedule]) -> None:
     s = pool[i % len(pool)]
     n = s.block_n_cta * s.cluster_n * rng.choice((1, 2, 3))  # CTA pairs need an even N-block count
     # a persistent ring runs at most one tile ahead: K / 64 >= stages - 2 (chord.ops refuses less)
-    k = 64 * rng.choice([b for b in (1, 2, 3, 5, 8, 11, 16) if not s.persistent or b >= s.stages - 2])
+    # ... and a stream-K one keeps two token blocks' rows: N/block_n x K/64 >= stages
+    k = 64 * rng.choice([b for b in (1, 2, 3, 5, 8, 11, 16) if (not s.persistent or b >= s.stages - 2)
+                         and (not s.stream_k or (n // s.block_n) * b >= s.stages)])
     e = rng.randint(2, 12)
     skew = rng.choice(SKEWS)
     qe, pw = random_experts(e, n, k, seed=rng.randrange(1 << 20))
@@ -157,6 +171,7 @@ def test_fuzz_against_the_reference(family, capsys):
     pool = fuzz_pool(family)
     assert len(pool) >= SAMPLED and all(s.family == family for s in pool)
     assert {s.mainloop for s in pool} == {"mma", "wgmma"} and any(s.split_k > 1 for s in pool)
+    assert family != "indexed" or any(s.stream_k for s in pool)
     ran, failed = run_cases(lambda i: _case(family, i, pool), CASES,
                             name=lambda i: f"case {i} ({pool[i % len(pool)].id})", after=torch.cuda.synchronize)
     with capsys.disabled():
@@ -172,6 +187,8 @@ def test_pool_covers_every_knob():
         pool = fuzz_pool(family)
         for knob in KNOB.values():
             if knob.name == "tma_x" and family == "indexed":  # gathered rows: no tensor map (refused)
+                continue
+            if knob.name == "stream_k" and family != "indexed":  # the indexed family's (refused elsewhere)
                 continue
             if knob.off is not None:
                 assert any(getattr(s, knob.name) != knob.off for s in pool), (family, knob.name)
