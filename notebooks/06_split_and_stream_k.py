@@ -19,8 +19,10 @@
 # resident CTAs per SM (`ctas_per_sm`), which hides cp.async latency. At short K (TP8 down: four
 # K blocks per tile) a CTA that walks several N blocks through one ring (`n_tiles`) keeps the
 # ring full instead of filling and draining it per tile; the epilogue's fragment stores and
-# persistent CTAs are the other two short-K knobs. All are knobs of the one kernel template.
-# Stream-K and its shape-aware gate are planned (`chord.optimizations`).
+# persistent CTAs are the other two short-K knobs. Stream-K (`stream_k`) goes further: one wave
+# of CTAs splits the (tile, K block) units of the valid blocks evenly, whatever the grid's
+# shape, and its shape-aware gate keeps it to grids that do not fill the GPU. All are knobs of
+# the one kernel template.
 
 # %% tags=["parameters"]
 QUICK = True
@@ -32,7 +34,7 @@ from chord.workbench import best_by, decision_row, recorded_tuning
 from chord.workbench import figures
 
 for name in ("split-K", "bounded 2-CTA/SM window", "multi-tile CTAs", "stmatrix epilogue", "persistent tile scheduling",
-             "shape-aware stream-K gate"):
+             "stream-K", "shape-aware stream-K gate"):
     o = optimizations.BY_NAME[name]
     print(f"{name:28s} {o.status:12s} knob={o.knob}  {o.what}")
 
@@ -127,6 +129,52 @@ nt, where = ablate.ablation("06_n_tiles", [("tp8-m64", "indexed", "down"), ("tp8
                             "n_tiles on/off on the profile's TP8 down schedules")
 print(where)
 print(ablate.table(nt, NT_LABELS))
+
+# %% [markdown]
+# ## Stream-K: one wave splits the valid units
+# With `stream_k=1` the grid is SMs x `ctas_per_sm` CTAs; CTA c takes units [U c / G, U (c+1) / G)
+# of the U = valid blocks x N blocks x K blocks, read from `num_tokens_post_padded` on the device.
+# A tile shared by CTAs meets as fp32 partials, summed by its last contributor in CTA order
+# (deterministic, same pass). Below: the plan at one token, then every stream-K candidate of
+# `chord tune` against the profile's schedule, one GEMM at a time (live on an H200, else the
+# committed A/B). Measured on the H200 it is slower at every point (1.16x on gate_up, 1.45x on
+# down at one token): with one to three CTAs of four warps per SM, each K block's dequant and MMAs
+# run with too little parallelism, where split-K 8 (gate_up) or one CTA per tile (down) keeps 4-8
+# CTAs per SM busy. No rule selects it, so its gate waits (`chord.optimizations`).
+
+# %%
+import math
+
+from chord import tune
+from chord.bench.suite import load_suite
+from chord.schedule import profile_for, select
+from chord.workbench import gpu_available, recorded_timing
+
+for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
+    for bn in (64, 128):
+        units = 8 * (n // bn) * (k // 64)  # 8 one-block experts at one token
+        print(f"{gemm:8s} block_n {bn:3d}: {8 * (n // bn):4d} tiles, {units:5d} units over 132 x 2 CTAs = "
+              f"{math.ceil(units / 264)} K blocks per CTA")
+
+STK_FILE = "2026-12-01-h200-timing-s11-stream-k"
+if gpu_available():
+    sc = load_suite().scenario(SCENARIO)
+    stk = []
+    for gemm in ("gate_up", "down"):
+        n, k, prob = sc.gemm_problem("indexed", gemm)
+        base = select(profile_for("indexed", sc.experts, n, k), prob)
+        cands = [c for c in tune.candidates("indexed", n, prob.rows / prob.num_experts, k=k) if c.stream_k]
+        stk += tune.time_schedules(SCENARIO, "indexed", gemm, [base, *cands], rep_ms=20 if QUICK else 50, warmup_ms=30)
+    print("live on this GPU")
+else:
+    stk = [r for r in recorded_timing(STK_FILE) if r["scenario"] == SCENARIO]
+    print(f"recorded: chord/bench/results/{STK_FILE}.json (no sm_90 GPU here, so nothing ran live)")
+for gemm in ("gate_up", "down"):
+    rows = [r for r in stk if r["gemm"] == gemm]
+    if rows:
+        best = min(rows[1:], key=lambda r: r["us"])
+        print(f"{SCENARIO} {gemm:8s} profile {rows[0]['schedule']:28s} {rows[0]['us']:6.1f} us   best stream-K "
+              f"{best['schedule']:30s} {best['us']:6.1f} us ({best['us'] / rows[0]['us']:.2f}x)")
 
 # %% [markdown]
 # ## Programmatic dependent launch: the gate_up + down pair with and without `pdl`
