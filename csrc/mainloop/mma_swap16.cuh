@@ -42,6 +42,35 @@ struct MmaSwap16 {
   // !SWAP: acc[j][2u + h] is the m16n8 tile (tokens 16u..16u+15) x (features 8h..8h+7 of tile j).
   using Acc = float[kNTW][kTT][4];
 
+  // Copies K block kb into the ring stage at shared address st: each thread its 16-byte weight,
+  // scale and activation chunks from sources aimed at K block 0 of a tile (kb strides added).
+  template <int WI, int SI, int XI>
+  __device__ __forceinline__ static void copy_stage(uint32_t st, const uint4* const (&wsrc)[WI],
+                                                    const uint8_t* const (&ssrc)[SI],
+                                                    const __nv_bfloat16* const (&xsrc)[XI], const uint32_t (&xdst)[XI],
+                                                    const bool (&xvalid)[XI], int kb, int wstep, int sstep,
+                                                    uint64_t evict_first) {
+    constexpr int T = kThreads;
+    constexpr int kWChunks = kNTiles * 32, kSChunks = kNTiles * 4, kXChunks = BT * 8;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int it = 0; it < WI; ++it) {
+      const int c = tid + it * T;
+      if (kWChunks % T == 0 || c < kWChunks) cp_async_16_stream_u32(st + c * 16, wsrc[it] + kb * wstep, evict_first);
+    }
+#pragma unroll
+    for (int it = 0; it < SI; ++it) {
+      const int c = tid + it * T;
+      if (kSChunks % T == 0 || c < kSChunks)
+        cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + kb * sstep, evict_first);
+    }
+#pragma unroll
+    for (int it = 0; it < XI; ++it) {
+      const int c = tid + it * T;
+      if (kXChunks % T == 0 || c < kXChunks) cp_async_16_u32(st + xdst[it], xsrc[it] + kb * kKBlock, xvalid[it]);
+    }
+  }
+
   // The MMAs of one landed ring stage `st` (weights, scales, activations of one K block) into acc.
   __device__ __forceinline__ static void compute_stage(const uint8_t* st, Acc& acc) {
     const int warp = threadIdx.x / 32;
@@ -96,6 +125,27 @@ struct MmaSwap16 {
         }
       }
     }
+  }
+
+  __device__ __forceinline__ static void zero(Acc& acc) {
+#pragma unroll
+    for (int j = 0; j < kNTW; ++j)
+#pragma unroll
+      for (int i = 0; i < kTT; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
+  }
+
+  // Ring position g of `total`: wait for its stage (stage g-1 is then free for everyone), refill
+  // that slot STAGES-1 positions ahead, and run stage g's MMAs.
+  template <class LoadNext>
+  __device__ __forceinline__ static void ring_step(int g, int total, LoadNext&& load_next, uint8_t* smem, Acc& acc) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int next = g + STAGES - 1;
+    if (next < total) load_next(next % STAGES);
+    cp_async_commit();
+    compute_stage(smem + (g % STAGES) * kStageBytes, acc);
   }
 
   // Accumulates K blocks [kb_begin, kb_end) of expert `expert` for NTILES consecutive N blocks
@@ -159,24 +209,7 @@ struct MmaSwap16 {
 
     // Copies K block kb of the aimed tile into ring slot s.
     auto load_stage = [&](int s, int kb) {
-      const uint32_t st = smem_base + s * kStageBytes;
-#pragma unroll
-      for (int it = 0; it < kWIters; ++it) {
-        const int c = tid + it * T;
-        if (kWChunks % T == 0 || c < kWChunks)
-          cp_async_16_stream_u32(st + c * 16, wsrc[it] + kb * wstep, evict_first);
-      }
-#pragma unroll
-      for (int it = 0; it < kSIters; ++it) {
-        const int c = tid + it * T;
-        if (kSChunks % T == 0 || c < kSChunks)
-          cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + kb * sstep, evict_first);
-      }
-#pragma unroll
-      for (int it = 0; it < kXIters; ++it) {
-        const int c = tid + it * T;
-        if (kXChunks % T == 0 || c < kXChunks) cp_async_16_u32(st + xdst[it], xsrc[it] + kb * kKBlock, xvalid[it]);
-      }
+      copy_stage(smem_base + s * kStageBytes, wsrc, ssrc, xsrc, xdst, xvalid, kb, wstep, sstep, evict_first);
     };
     // The loads come in order, N block by N block: the next one is K block l_kb of tile l_tile.
     int l_tile = 0, l_kb = 0;
@@ -206,24 +239,8 @@ struct MmaSwap16 {
     }
 
     for (int tile = 0; tile < NTILES; ++tile) {
-#pragma unroll
-      for (int j = 0; j < kNTW; ++j)
-#pragma unroll
-        for (int i = 0; i < kTT; ++i)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
-
-      for (int kb = 0; kb < KB; ++kb) {
-        const int g = tile * KB + kb;  // ring position
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();  // stage g landed for everyone; stage g-1 is free to overwrite
-        {
-          const int next = g + STAGES - 1;
-          if (next < TOTAL) load_next(next % STAGES);
-          cp_async_commit();
-        }
-        compute_stage(smem + (g % STAGES) * kStageBytes, acc);
-      }
+      zero(acc);
+      for (int kb = 0; kb < KB; ++kb) ring_step(tile * KB + kb, TOTAL, load_next, smem, acc);
       if constexpr (NTILES > 1) epilogue(tile, acc);  // its shared memory lies after the ring
     }
     cp_async_wait<0>();
@@ -324,27 +341,8 @@ struct MmaSwap16 {
     int l_kb = plan.u0 - l_t * KB;
     aim(l_t);
     auto load_next = [&](int slot) {
-      if (l_e >= 0) {
-        const uint32_t st = smem_base + slot * kStageBytes;
-#pragma unroll
-        for (int it = 0; it < kWIters; ++it) {
-          const int c = tid + it * T;
-          if (kWChunks % T == 0 || c < kWChunks)
-            cp_async_16_stream_u32(st + c * 16, wsrc[it] + l_kb * wstep, evict_first);
-        }
-#pragma unroll
-        for (int it = 0; it < kSIters; ++it) {
-          const int c = tid + it * T;
-          if (kSChunks % T == 0 || c < kSChunks)
-            cp_async_16_stream_u32(st + kWBytes + c * 16, ssrc[it] + l_kb * sstep, evict_first);
-        }
-#pragma unroll
-        for (int it = 0; it < kXIters; ++it) {
-          const int c = tid + it * T;
-          if (kXChunks % T == 0 || c < kXChunks)
-            cp_async_16_u32(st + xdst[it], xsrc[it] + l_kb * kKBlock, xvalid[it]);
-        }
-      }
+      if (l_e >= 0)
+        copy_stage(smem_base + slot * kStageBytes, wsrc, ssrc, xsrc, xdst, xvalid, l_kb, wstep, sstep, evict_first);
       if (++l_kb == KB) {
         l_kb = 0;
         if (++l_t * KB < plan.u1) aim(l_t);
@@ -360,22 +358,8 @@ struct MmaSwap16 {
     int c_kb = plan.u0 - c_t * KB;
     int seg_begin = plan.u0;
     for (int g = 0; g < TOTAL; ++g) {
-      if (g == 0 || c_kb == 0) {
-#pragma unroll
-        for (int j = 0; j < kNTW; ++j)
-#pragma unroll
-          for (int i = 0; i < kTT; ++i)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
-      }
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();  // stage g landed for everyone; stage g-1 is free to overwrite
-      {
-        const int next = g + STAGES - 1;
-        if (next < TOTAL) load_next(next % STAGES);
-        cp_async_commit();
-      }
-      compute_stage(smem + (g % STAGES) * kStageBytes, acc);
+      if (g == 0 || c_kb == 0) zero(acc);
+      ring_step(g, TOTAL, load_next, smem, acc);
       if (c_kb == KB - 1 || g == TOTAL - 1) {
         const int seg_end = plan.u0 + g + 1;
         epilogue(c_t, seg_begin, seg_end, (c_t / Y) & 1, acc);
