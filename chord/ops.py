@@ -308,8 +308,6 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
     stream = _raw_stream(dev)
     if sched.persistent:  # about one wave of CTAs walks the grid's tiles (csrc/moe/rows.cuh, TileWalker)
         grid = (min(grid[0] * grid[1], _sm_count(dev) * kernel.ctas_per_sm(dev, sched.threads)), 1, 1)
-    elif sched.stream_k:  # one wave of CTAs splits the valid units (csrc/moe/stream_k.cuh); the
-        grid = (_resident_ctas(sched, qweight, n, dev), 1, 1)  # workspace was sized for this grid
     tmap = None
     if sched.tma_x:  # the grouped families' x: [rows, K] or [E, max_rows, K], contiguous
         k = x.shape[-1]
@@ -350,6 +348,11 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
     if sorted_ids.numel() // block_m > expert_ids.numel():
         raise ValueError(f"{fn}: expert_ids must hold one entry per block of sorted_ids "
                          f"({sorted_ids.numel() // block_m}), got {expert_ids.numel()}")
+    units = sorted_ids.numel() // block_m * (n // s.block_n) * (k // K_BLOCK)
+    if s.stream_k and units >= 2**31:  # csrc/moe/stream_k.cuh plans in 32-bit units
+        raise ValueError(f"{fn}: schedule {s.id}: stream_k=1 plans at most 2^31 - 1 units, but the routing buffers "
+                         f"allow {sorted_ids.numel() // block_m} blocks x {n // s.block_n} N blocks x {k // K_BLOCK} "
+                         f"K blocks = {units}; use stream_k=0 for buffers this large")
     return s, e, n, k
 
 
@@ -367,22 +370,18 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
     num_blocks = sorted_ids.numel() // block_m
     if num_blocks == 0 or x.shape[0] == 0:
         return
-    ctas = 0
-    if s.stream_k:
-        units = num_blocks * (n // s.block_n) * (k // K_BLOCK)
-        if units >= 2**31:  # csrc/moe/stream_k.cuh plans in 32-bit units
-            raise ValueError(f"gemm_indexed: schedule {schedule}: stream_k=1 plans at most 2^31 - 1 units, but the "
-                             f"routing buffers allow {num_blocks} blocks x {n // s.block_n} N blocks x {k // K_BLOCK} "
-                             f"K blocks = {units}; use stream_k=0 for buffers this large")
+    grid, ctas = (num_blocks, s.grid_n(n), s.split_k), 0
+    if s.stream_k:  # one wave of CTAs splits the valid units (csrc/moe/stream_k.cuh); its workspace fits it
         dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
         ctas = _resident_ctas(s, qweight, n, dev)
+        grid = (ctas, 1, 1)
     params = jit.pack_gemm_params(
         x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
         num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks,
         **_split_args(s, x, num_blocks, s.grid_n(n), ctas))
-    _launch(s, (num_blocks, s.grid_n(n), s.split_k), x, params, "gemm_indexed", schedule, qweight, n)
+    _launch(s, grid, x, params, "gemm_indexed", schedule, qweight, n)
 
 
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))

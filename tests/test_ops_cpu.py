@@ -321,3 +321,17 @@ def test_weights_carry_their_tile_group(monkeypatch):
     with pytest.raises(ValueError, match="qweight must have the swap16g layout"):
         call_indexed(indexed_args(qweight=torch.zeros(3, 16, 8, 1, 32, 4, dtype=torch.int32)[:, :5].repeat(1, 1, 1, 3, 1, 1)
                                   .contiguous()))
+
+
+def test_stream_k_refuses_buffers_of_2_31_units_before_any_launch():
+    """csrc/moe/stream_k.cuh plans in 32-bit units: routing buffers that allow 2^31 (blocks x N
+    blocks x K blocks) are refused by name at validation (the fake impl too), not wrapped around."""
+    blocks = 2**31 // ((N // 64) * (K // 64))  # exactly 2^31 units with block_n 64
+    a = _on_meta(indexed_args(schedule="idx-m8n64k64-w4-s8-c1-stk1"))
+    a.update(sorted_ids=torch.empty(blocks * 8, dtype=torch.int32, device="meta"),
+             expert_ids=torch.empty(blocks, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match="stream_k=1 plans at most 2\\^31 - 1 units"):
+        call_indexed(a)
+    a.update(sorted_ids=torch.empty((blocks - 1) * 8, dtype=torch.int32, device="meta"),
+             expert_ids=torch.empty(blocks - 1, dtype=torch.int32, device="meta"))
+    call_indexed(a)  # one block fewer: accepted (validation only on meta)
