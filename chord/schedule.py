@@ -302,8 +302,8 @@ class Schedule:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory: one tile per CTA, the pipeline or the epilogue tile, whichever is
-        larger (the epilogue reuses the drained ring); several (n_tiles > 1, persistent, stream_k), both (the ring keeps
-        loading during an epilogue); plus the base-alignment slack of the wgmma ring (mirrors
+        larger (the epilogue reuses the drained ring); several (n_tiles > 1, persistent, stream_k), both
+        (the ring keeps loading during an epilogue); plus the base-alignment slack of the wgmma ring (mirrors
         ``MoeKernel::kSmemBytes`` in csrc, which every rendered kernel static_asserts against this
         number)."""
         tiles16 = self.block_n // 16
@@ -320,8 +320,8 @@ class Schedule:
     @property
     def static_smem_bytes(self) -> int:
         """Upper bound of the kernel's static shared memory: the tile's input and output row
-        indices (2 x 8 B per token row; persistent: three tiles' worth; stream_k: two blocks' output rows besides) plus the scalars and mbarriers
-        (ptxas -v: 16 x block_m + 128 at most on every schedule built); it counts against the same
+        indices (2 x 8 B per token row; persistent: three tiles' worth; stream_k: two blocks' output
+        rows besides) plus the scalars and mbarriers (ptxas -v: 16 x block_m + 128 at most on every schedule built); it counts against the same
         227 KB as the ring."""
         return 16 * self.block_m * (3 if self.persistent else 2 if self.stream_k else 1) + 256
 
