@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from chord import checks, formats, jit, profiling
+from chord import checks, formats, jit, launch, profiling
 from chord._env import flag
 from chord.profiling import nvtx_range
 from chord.schedule import K_BLOCK, Problem, Schedule, load_profile, override, pairs_fit, profile_for, select
@@ -301,8 +301,29 @@ def _x_tensor_map(address: int, rows: int, k: int, block_m: int) -> bytes:
     return jit.encode_tensor_map_2d(address, rows, k, k * 2, block_m, K_BLOCK)
 
 
+# The eager launch path's plans (chord.launch, csrc/host/launch.c): each family's signature
+# items, and where each item's data pointer goes in the GemmParams block (None: a scalar).
+_OFF = jit.gemm_params_offsets()
+_INDEXED_SLOTS = (None, None, None, _OFF["x"], _OFF["qweight"], _OFF["scales"], _OFF["sorted_ids"],
+                  _OFF["expert_ids"], _OFF["num_tokens_post_padded"], _OFF["out"])
+_GROUPED_SLOTS = (None, _OFF["x"], _OFF["qweight"], _OFF["scales"], _OFF["expert_layout"], _OFF["out"])
+
+
+def _plan(items: tuple, slots: tuple, x: torch.Tensor, out: torch.Tensor) -> tuple:
+    """What chord.launch.remember needs besides the launch itself: the items, their pointer slots,
+    and the overlap check of out (the last item) against x (the first tensor)."""
+    return items, slots, (len(items) - 1, slots.index(_OFF["x"])), (out.numel() * 2, x.numel() * 2)
+
+
+def _remember_noop(schedule_id: str, plan: tuple) -> None:
+    """A call with nothing to launch (no rows): its plan says so."""
+    if launch.MODULE is not None:
+        items, slots, overlap, extents = plan
+        launch.remember(schedule_id, items, slots, overlap=overlap, extents=extents, noop=True)
+
+
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,
-            schedule_id: str, qweight: torch.Tensor, n: int) -> None:
+            schedule_id: str, qweight: torch.Tensor, n: int, plan: tuple | None = None) -> None:
     kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stream = _raw_stream(dev)
@@ -315,8 +336,16 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
     if profiling.nvtx_enabled():
         with nvtx_range(op, schedule_id):
             kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap, pdl=sched.pdl == 1)
-    else:
-        kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap, pdl=sched.pdl == 1)
+        return
+    kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap, pdl=sched.pdl == 1)
+    if plan is not None and tmap is None and launch.MODULE is not None and min(grid) > 0:
+        # the next call of this signature launches from C; a split-K / stream-K plan only on this
+        # stream (its workspace and counters are this stream's)
+        items, slots, overlap, extents = plan
+        bound = sched.split_k > 1 or sched.stream_k
+        launch.remember(schedule_id, items, slots, func=kernel.function(dev).value, device=dev, grid=grid,
+                        block=(sched.threads, 1, 1), smem=kernel.smem_bytes, params=params, pdl=sched.pdl == 1,
+                        stream=stream if bound else None, overlap=overlap, extents=extents)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,8 +396,11 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
     if _checks_routing(check, sorted_ids):
         _check_indexed_values("gemm_indexed", sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k)
     check_cuda_sm90(x)
+    plan = _plan((launch.INDEXED, top_k, block_m, x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded,
+                  out), _INDEXED_SLOTS, x, out)
     num_blocks = sorted_ids.numel() // block_m
     if num_blocks == 0 or x.shape[0] == 0:
+        _remember_noop(schedule, plan)
         return
     grid, ctas = (num_blocks, s.grid_n(n), s.split_k), 0
     if s.stream_k:  # one wave of CTAs splits the valid units (csrc/moe/stream_k.cuh); its workspace fits it
@@ -381,7 +413,7 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
         num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks,
         **_split_args(s, x, num_blocks, s.grid_n(n), ctas))
-    _launch(s, grid, x, params, "gemm_indexed", schedule, qweight, n)
+    _launch(s, grid, x, params, "gemm_indexed", schedule, qweight, n, plan)
 
 
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
@@ -423,14 +455,16 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, che
     if _checks_routing(check, expert_offsets):
         _check_offsets_values("gemm_contiguous", expert_offsets, x.shape[0])
     check_cuda_sm90(x)
+    plan = _plan((launch.CONTIGUOUS, x, qweight, scales, expert_offsets, out), _GROUPED_SLOTS, x, out)
     rows = x.shape[0]
     if rows == 0:
+        _remember_noop(schedule, plan)
         return
     grid_x = (rows + s.block_m - 1) // s.block_m + e  # upper bound on per-expert tiles
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
                                   num_experts=e, rows=rows, **_split_args(s, x, grid_x, s.grid_n(n)))
-    _launch(s, (grid_x, s.grid_n(n), s.split_k), x, params, "gemm_contiguous", schedule, qweight, n)
+    _launch(s, (grid_x, s.grid_n(n), s.split_k), x, params, "gemm_contiguous", schedule, qweight, n, plan)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
@@ -476,13 +510,15 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, chec
     if _checks_routing(check, expert_num_tokens):
         _check_counts_values("gemm_masked", expert_num_tokens, max_rows)
     check_cuda_sm90(x)
+    plan = _plan((launch.MASKED, x, qweight, scales, expert_num_tokens, out), _GROUPED_SLOTS, x, out)
     if max_rows == 0:
+        _remember_noop(schedule, plan)
         return
     tiles = (max_rows + s.block_m - 1) // s.block_m
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
                                   num_experts=e, max_rows=max_rows, **_split_args(s, x, e * tiles, s.grid_n(n)))
-    _launch(s, (e * tiles, s.grid_n(n), s.split_k), x, params, "gemm_masked", schedule, qweight, n)
+    _launch(s, (e * tiles, s.grid_n(n), s.split_k), x, params, "gemm_masked", schedule, qweight, n, plan)
 
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))
@@ -506,12 +542,21 @@ def _eager() -> bool:
     return not torch.compiler.is_compiling()
 
 
+def _trusted(check: bool | None) -> bool:
+    """Whether a call reads no routing values (check_routing False, or None with the switch off):
+    only such a call may take a launch plan (chord.launch), which checks nothing but metadata."""
+    return check is False or (check is None and not _check_routing)
+
+
 def gemm_indexed_raw(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,
                      block_m: int, schedule: str, *, check_routing: bool | None = None) -> None:
     """`torch.ops.chord.gemm_indexed` with the eager fast path (same checks, same kernel).
     check_routing: read and check the routing values first (None: the CHORD_CHECK_ROUTING switch;
     never while a CUDA graph is being captured)."""
     if _eager():
+        if _trusted(check_routing) and launch.try_launch(schedule, launch.INDEXED, top_k, block_m, x, qweight, scales,
+                                                         sorted_ids, expert_ids, num_tokens_post_padded, out):
+            return
         _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
                            schedule, check_routing)
     else:
@@ -523,6 +568,9 @@ def gemm_contiguous_raw(x, qweight, scales, expert_offsets, out, schedule: str, 
                         check_routing: bool | None = None) -> None:
     """`torch.ops.chord.gemm_contiguous` with the eager fast path (check_routing: as gemm_indexed_raw)."""
     if _eager():
+        if _trusted(check_routing) and launch.try_launch(schedule, launch.CONTIGUOUS, x, qweight, scales,
+                                                         expert_offsets, out):
+            return
         _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check_routing)
     else:
         torch.ops.chord.gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule, _check_code(check_routing))
@@ -532,6 +580,9 @@ def gemm_masked_raw(x, qweight, scales, expert_num_tokens, out, schedule: str, *
                     check_routing: bool | None = None) -> None:
     """`torch.ops.chord.gemm_masked` with the eager fast path (check_routing: as gemm_indexed_raw)."""
     if _eager():
+        if _trusted(check_routing) and launch.try_launch(schedule, launch.MASKED, x, qweight, scales,
+                                                         expert_num_tokens, out):
+            return
         _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check_routing)
     else:
         torch.ops.chord.gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule, _check_code(check_routing))

@@ -224,7 +224,7 @@ _RAW = None
 
 def gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,
                  block_m: int, schedule: str) -> None:
-    if x.device.type != "cuda" and _use_reference(x):
+    if not x.is_cuda and _use_reference(x):
         from humming import _reference
 
         _reference.gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
@@ -234,7 +234,7 @@ def gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_pad
 
 
 def gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule: str) -> None:
-    if x.device.type != "cuda" and _use_reference(x):
+    if not x.is_cuda and _use_reference(x):
         from humming import _reference
 
         _reference.gemm_contiguous(x, qweight, scales, expert_offsets, out)
@@ -243,7 +243,7 @@ def gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule: str) -> N
 
 
 def gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule: str) -> None:
-    if x.device.type != "cuda" and _use_reference(x):
+    if not x.is_cuda and _use_reference(x):
         from humming import _reference
 
         _reference.gemm_masked(x, qweight, scales, expert_num_tokens, out)

@@ -14,6 +14,8 @@ waits for a full launch queue). Measured, for the scenario's gate_up and down GE
   time includes the kernel: no sleep ahead of it);
 * the driver's launch alone (`chord.jit.Kernel.launch` with a packed parameter block) and a torch
   elementwise kernel launch, the floor any per-call launch path pays on this host;
+* where the C launch path is on (`chord.launch.status()`), the humming_forward and trusted
+  chord.ops calls again with it off (`chord.launch.fast_launch(False)`): its ablation;
 * with --humming-dir: upstream Humming 0.1.20's `humming_forward` in a worker process
   (`python -m chord.bench.humming_baseline --host-time`), same scenario, seed and calls.
 
@@ -112,8 +114,11 @@ def main() -> None:
     locks = torch.zeros(8 * torch.cuda.get_device_properties(dev).multi_processor_count, dtype=torch.int32, device=dev)
     hf_gate_up, hf_down, *_ = HB.prepare_calls("indexed", sc, data, fi, l13, l2, locks, "all")
 
+    from chord import launch
+
     rows = []
-    for name, fn in (("Chord humming_forward gate_up (vLLM path)", hf_gate_up),
+    fast = launch.status()
+    for name, fn in ((f"Chord humming_forward gate_up (vLLM path; C launch path {fast})", hf_gate_up),
                      ("Chord humming_forward down (vLLM path)", hf_down),
                      ("chord.ops.gemm_indexed gate_up (trusted, as the bench)", gate_up),
                      ("chord.ops.gemm_indexed down (trusted)", down),
@@ -123,6 +128,14 @@ def main() -> None:
                      ("torch elementwise launch (scratch.add_(1))", lambda: scratch.add_(1))):
         h = host_time(fn, calls=a.calls)
         rows.append((name, h.median_us, h.p90_us))
+    if launch.MODULE is not None:  # the ablation: the same calls on the Python launch path
+        launch.fast_launch(False)
+        for name, fn in (("Chord humming_forward gate_up, C launch path off (CHORD_FAST_LAUNCH=0)", hf_gate_up),
+                         ("Chord humming_forward down, C launch path off", hf_down),
+                         ("chord.ops.gemm_indexed gate_up (trusted), C launch path off", gate_up)):
+            h = host_time(fn, calls=a.calls)
+            rows.append((name, h.median_us, h.p90_us))
+        launch.fast_launch(True)
     # the checked call reads device values, so it waits for the GPU anyway: time it plainly
     h = host_time(checked, calls=min(a.calls, 500), keep_ahead=False)
     rows.append(("chord.ops.gemm_indexed gate_up (default: routing checked)", h.median_us, h.p90_us))

@@ -1,0 +1,220 @@
+"""Launch plans: the eager host path of a repeated call, in C (issue 6, host time per call).
+
+A kernel call through ``chord.ops`` validates its arguments in Python and then launches. Most of
+that work follows from the arguments' metadata alone (dtype, device, shape, strides, alignment,
+the schedule and the scalars): the kernel, its grid and block, the shared memory, the parameter
+block's scalars and split-K / stream-K workspaces. After a launch, ``chord.ops`` records all of
+it as a **plan** under the call's signature (:func:`remember`). The next call is first offered
+to the C module ``csrc/host/launch.c`` (:func:`try_launch`): it reads the signature of the
+arguments (the same properties the Python validation reads), finds the plan, checks what depends
+on the data pointers (``out`` must not overlap ``x``), writes the pointers into the parameter
+block and calls ``cuLaunchKernel`` (``cuLaunchKernelEx`` for a PDL schedule). Whatever it cannot
+decide is a miss, and the call takes the Python path unchanged: a first call, a new shape, a
+tensor subclass (FakeTensor), a bool where an int belongs, overlapping buffers, a plan whose
+workspace belongs to another stream, a schedule with a TMA tensor map (``tma_x``: its map
+encodes x's address). Errors are therefore always raised by the Python path, with its messages.
+
+Used only on the eager, trusted path (routing values not read on the host: the ``humming`` root
+and ``check_routing=False``), and not while NVTX ranges are on (a launch inside a range is the
+Python path's). ``CHORD_FAST_LAUNCH=0`` or :func:`fast_launch` (False) switches it off: the
+ablation ``tools/host_time.py`` measures.
+
+The module is compiled at first use with the system C compiler (``$CC``, else ``cc``) against
+this Python's headers, into the kernel cache (``$CHORD_CACHE_DIR/host``), and needs no torch
+headers. Where it cannot be built or the CUDA driver is missing, :func:`status` says why and
+every call takes the Python path.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+from chord import profiling
+from chord._env import flag
+
+__all__ = ["fast_launch", "status", "try_launch", "remember", "clear", "PLAN", "build_module"]
+
+# csrc/host/launch.c's Plan: func, stream, extent[2], grid[3], block[3], smem, flags, device,
+# overlap[2], slot[12], params_len, params[256]
+PLAN = struct.Struct("<QQ2Q3I3IIIi2i12iI256s")
+FLAG_PDL, FLAG_STREAM_BOUND, FLAG_NOOP = 1, 2, 4
+MAX_ITEMS = 12
+PARAM_BYTES = 256
+_PLANS_MAX = 4096
+
+# the family tag, the first item of every plan's signature
+INDEXED, CONTIGUOUS, MASKED = 1, 2, 3
+
+PLANS: dict = {}  # (schedule id, signature bytes) -> packed Plan
+MODULE = None  # the configured C module while the fast path is on, else None
+_status = "not loaded yet"
+_lock = threading.Lock()
+_loaded = False
+
+
+def _source() -> Path:
+    from chord.jit import csrc_dir
+
+    return csrc_dir() / "host" / "launch.c"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC")
+    if cc:
+        return cc
+    for cand in ("cc", "gcc", "clang"):
+        found = shutil.which(cand)
+        if found:
+            return found
+    return None
+
+
+def build_module(cache: Path | None = None):
+    """Compile (once per source, Python and compiler; cached) and import the C module, unconfigured.
+    Raises RuntimeError with the compiler's output when it cannot be built."""
+    from chord.jit import cache_dir
+
+    src = _source()
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set $CC, or install cc / gcc)")
+    include = sysconfig.get_paths()["include"]
+    if not Path(include, "Python.h").exists():
+        raise RuntimeError(f"Python.h not found in {include} (install this Python's development headers)")
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    h = hashlib.sha256(src.read_bytes())
+    h.update(f"{sys.version}|{include}|{cc}|{suffix}".encode())
+    out_dir = (cache or cache_dir()) / "host"
+    so = out_dir / f"_chord_launch-{h.hexdigest()[:16]}{suffix}"
+    if not so.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="chord-host-") as tmp:
+            tmp_so = Path(tmp, so.name)
+            cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}", str(src),
+                   "-o", str(tmp_so)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+            staged = out_dir / f".{so.name}.{os.getpid()}.{threading.get_ident()}"
+            shutil.copyfile(tmp_so, staged)
+            os.replace(staged, so)  # concurrent builders publish whole files
+    spec = importlib.util.spec_from_file_location("_chord_launch", so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if mod.plan_bytes() != PLAN.size:
+        raise RuntimeError(f"{src}: sizeof(Plan) = {mod.plan_bytes()}, but chord.launch packs {PLAN.size} bytes")
+    return mod
+
+
+def _load(force: bool = False) -> None:
+    """Build, import and configure the module once per process (MODULE stays None when off or
+    unavailable; _status says why). `force`: whatever CHORD_FAST_LAUNCH says."""
+    global MODULE, _status, _loaded
+    with _lock:
+        if _loaded:
+            return
+        _loaded = True
+        if not force and not flag("CHORD_FAST_LAUNCH", default=True):
+            _status = "off (CHORD_FAST_LAUNCH=0)"
+            return
+        try:
+            import ctypes
+
+            import torch
+
+            from chord.jit import JitError, driver
+
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if raw is None:
+                _status = "unavailable: this torch has no torch._C._cuda_getCurrentRawStream"
+                return
+            try:
+                lib = driver().lib
+            except JitError as exc:
+                _status = f"unavailable: {exc}"
+                return
+            mod = build_module()
+            addr = ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
+            addr_ex = ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value or 0
+            mod.configure(addr, addr_ex, raw, (torch.Tensor, torch.nn.Parameter))
+        except (RuntimeError, OSError) as exc:
+            _status = f"unavailable: {exc}"
+            return
+        MODULE = mod
+        _status = "on"
+
+
+def status() -> str:
+    """"on", "off (...)" or "unavailable: <why>" (loads the module if that has not happened yet)."""
+    if not _loaded:
+        _load()
+    return _status
+
+
+def fast_launch(on: bool = True) -> None:
+    """Switch the C fast path on or off for this process (CHORD_FAST_LAUNCH sets the default)."""
+    global MODULE, _status, _loaded
+    if not isinstance(on, bool):
+        raise TypeError(f"fast_launch(on): on must be a bool, got {type(on).__name__}")
+    with _lock:
+        if on and MODULE is not None:
+            return
+        PLANS.clear()
+        MODULE, _loaded = None, not on
+        if not on:
+            _status = "off (fast_launch(False))"
+    if on:
+        _load(force=True)
+
+
+def clear() -> None:
+    """Forget every plan (the next call of each signature takes the Python path again)."""
+    PLANS.clear()
+
+
+def try_launch(schedule: str, *items) -> bool:
+    """Launch through a plan of this exact call signature; False: no plan (or the fast path is
+    off), take the Python path. A failed driver launch is a miss too: the Python path then runs
+    the launch again and raises the driver's error with its message."""
+    if not _loaded:
+        _load()
+    mod = MODULE
+    return mod is not None and not profiling._enabled and mod.launch(PLANS, schedule, *items) is None
+
+
+def remember(schedule: str, items: tuple, slots: tuple, *, func: int = 0, device: int = 0, grid=(0, 0, 0),
+             block=(0, 0, 0), smem: int = 0, params: bytes = b"", pdl: bool = False, stream: int | None = None,
+             overlap: tuple[int, int] | None = None, extents: tuple[int, int] = (0, 0), noop: bool = False) -> None:
+    """Record the plan of a launch that just ran the Python path (or of a call with nothing to
+    launch: noop). `items`: the call's signature items as try_launch gets them; `slots`: for each
+    item, the byte offset of its data pointer in `params`, or None; `stream`: the stream the plan
+    is bound to (a workspace of that stream), None: any; `overlap`: the item indices of out and x,
+    whose byte `extents` must not intersect. Nothing is recorded while the fast path is off, for
+    an item the C module does not take (a tensor subclass), or with NVTX ranges on."""
+    mod = MODULE
+    if mod is None or profiling._enabled or len(items) > MAX_ITEMS or len(params) > PARAM_BYTES:
+        return
+    key = mod.signature(schedule, *items)
+    if key is None:
+        return
+    slot = [-1] * MAX_ITEMS
+    for i, off in enumerate(slots):
+        if off is not None:
+            slot[i] = off
+    flags = (FLAG_PDL if pdl else 0) | (FLAG_STREAM_BOUND if stream is not None else 0) | (FLAG_NOOP if noop else 0)
+    ov = overlap if overlap is not None else (-1, -1)
+    plan = PLAN.pack(func, stream or 0, extents[0], extents[1], *grid, *block, smem, flags, device, ov[0], ov[1],
+                     *slot, len(params), params)
+    if len(PLANS) >= _PLANS_MAX:
+        PLANS.clear()
+    PLANS[key] = plan
