@@ -245,9 +245,13 @@ def _split_buffers(device: torch.device, floats: int, tiles: int) -> tuple[int, 
 def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: int = 0) -> dict:
     """Workspace and counters of a split-K kernel ([tiles, split_k] partial tiles) or a stream-K
     one (`ctas` CTAs x 2 partial tiles, csrc/moe/stream_k.cuh: bounded by the grid, not the
-    batch); counters: one per tile of the grid_x x grid_y tile grid."""
-    if s.split_k == 1 and not s.stream_k:
+    batch); counters: one per tile of the grid_x x grid_y tile grid. A work-queue kernel
+    (queue=1) gets the counters only (its two queue words)."""
+    if s.split_k == 1 and not s.stream_k and not s.queue:
         return {}
+    if s.queue:  # the work queue's two counters (csrc/moe/rows.cuh, TileWalker DYNAMIC); no partials
+        ws, cnt = _split_buffers(x.device, 0, 2)
+        return {"workspace": ws, "counters": cnt}
     tiles = grid_x * grid_y
     floats = (ctas * 2 if s.stream_k else tiles * s.split_k) * s.block_m * s.block_n
     if floats * 4 > _SPLIT_WS_LIMIT:
@@ -342,7 +346,7 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
         # the next call of this signature launches from C; a split-K / stream-K plan only on this
         # stream (its workspace and counters are this stream's)
         items, slots, overlap, extents = plan
-        bound = sched.split_k > 1 or sched.stream_k
+        bound = sched.split_k > 1 or sched.stream_k or sched.queue  # counters of this stream
         launch.remember(schedule_id, items, slots, func=kernel.function(dev).value, device=dev, grid=grid,
                         block=(sched.threads, 1, 1), smem=kernel.smem_bytes, params=params, pdl=sched.pdl == 1,
                         stream=stream if bound else None, overlap=overlap, extents=extents)

@@ -66,8 +66,11 @@ class Optimization:
             # tile becomes a 128-row mma tile, so an indexed call needs routing for that size)
             return override(schedule, mainloop=off, warps=4, wgmma_wait=KNOB["wgmma_wait"].default,
                             producer=KNOB["producer"].default, group_steps=KNOB["group_steps"].default,
-                            persistent=KNOB["persistent"].default, bulk_w=KNOB["bulk_w"].default,
+                            persistent=KNOB["persistent"].default, queue=KNOB["queue"].default,
+                            bulk_w=KNOB["bulk_w"].default,
                             tma_x=KNOB["tma_x"].default, block_m=min(schedule.block_m, 128))
+        if self.knob == "persistent":  # the work queue hands persistent CTAs their items: off with them
+            return override(schedule, persistent=off, queue=KNOB["queue"].default)
         if self.knob == "swap":
             # tokens on the M side come in 16-row MMA tiles: an 8-row tile becomes a 16-row one (an
             # indexed call then needs routing for that block size)
@@ -180,8 +183,12 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "stream-K candidate was 1.16-1.45x slower than the profile's split-K / one-tile schedules on the "
                  "H200 (docs/optimizations.md, \"Stream-K\"), so a gate now would only pick slower kernels",
                  "policy", None, PLANNED, "06_split_and_stream_k", issue=6),
-    Optimization("semi-static token slicing", "a static split of each expert's rows over CTAs instead of a queue",
-                 "knob", None, PLANNED, "03_decode_operand_swap", issue=6),
+    Optimization("semi-static token slicing",
+                 "persistent CTAs walk a static plan fixed by the schedule and the device's routing (item "
+                 "blockIdx.x, then a stride of gridDim.x; the launched grid of a non-persistent schedule is static "
+                 "too) instead of claiming items from a work queue; off: the dynamic queue (queue=1: an atomic "
+                 "counter hands out every item after the first, reset by the grid's last CTA)",
+                 "knob", "queue", IMPLEMENTED, "03_decode_operand_swap"),
     Optimization("latency-tuned buffered-K",
                  "grouped decode on the mma loop keeps about 512 K elements in flight per CTA (a ring of 8 stages "
                  "of 64) at the most CTAs per SM whose ring fits in shared memory: the depth the heuristic chose "

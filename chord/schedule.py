@@ -148,6 +148,12 @@ KNOBS: tuple[Knob, ...] = (
          "CTAs meets as fp32 partials in a bounded workspace (two tiles per CTA) and the last CTA to arrive "
          "sums them in CTA order (deterministic) in the same pass; 0 = one CTA per tile (or split_k)", off=0,
          requires=(("mainloop", "mma"),)),
+    Knob("queue", "dq", 0, (0, 1), "PERSISTENT",
+         "persistent=1: 0 = semi-static token slicing: each CTA's items are fixed by the schedule and the "
+         "device's routing (item blockIdx.x, then a stride of gridDim.x); 1 = a dynamic work queue: the first "
+         "item is blockIdx.x, every later one is claimed with an atomic counter (p.counters, reset by the "
+         "grid's last CTA), so CTAs that finish early take the remaining items", off=1,
+         requires=(("persistent", 1),)),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -177,6 +183,7 @@ class Schedule:
     cluster_n: int = 1  # CTA pairs: clusters of two CTAs on neighbouring N blocks of one token tile
     pdl: int = 0  # programmatic dependent launch (griddepcontrol; launched with programmatic serialization)
     stream_k: int = 0  # mma, indexed: ~one wave of CTAs splits the valid (tile, K block) units evenly
+    queue: int = 0  # persistent: 0 = the static walk (semi-static slicing), 1 = items claimed from a work queue
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -247,6 +254,9 @@ class Schedule:
             raise ValueError(f"persistent=1 needs mainloop wgmma with producer=0 and split_k=1 (the multistage ring "
                              f"walks the CTA's tiles), got mainloop={self.mainloop}, producer={self.producer}, "
                              f"split_k={self.split_k}")
+        if self.queue and not self.persistent:
+            raise ValueError(f"queue={self.queue} hands persistent CTAs their items, so it needs persistent=1, got "
+                             f"persistent={self.persistent}")
         if self.n_tiles > 1 and (self.split_k != 1 or self.producer):
             raise ValueError(f"n_tiles={self.n_tiles} needs split_k=1 and producer=0 (one output tile per split-K CTA; "
                              f"the producer loop walks one tile), got split_k={self.split_k}, producer={self.producer}")
@@ -273,7 +283,7 @@ class Schedule:
             raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
                              "gathers its rows")
         for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles",
-                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n", "pdl", "stream_k"):
+                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n", "pdl", "stream_k", "queue"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")

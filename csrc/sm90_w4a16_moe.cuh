@@ -49,8 +49,11 @@ template <class M>
 struct UsesTmaX<M, std::void_t<decltype(M::kTmaX)>> : std::bool_constant<M::kTmaX> {};
 
 template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true,
-          bool PERSISTENT = false, int CLUSTER_N = 1, bool PDL = false, bool STREAMK = false>
+          int PERSISTENT = 0, int CLUSTER_N = 1, bool PDL = false, bool STREAMK = false>
 struct MoeKernel {
+  // PERSISTENT: 0 = one CTA per item; 1 = about one wave walks the items with a static stride;
+  // 2 = the same walk with later items claimed from a work queue (moe/rows.cuh TileWalker DYNAMIC)
+  static_assert(PERSISTENT >= 0 && PERSISTENT <= 2, "PERSISTENT is 0, 1 (static walk) or 2 (work queue)");
   static_assert(SPLIT >= 1, "SPLIT >= 1");
   static_assert(NTILES >= 1, "NTILES >= 1");
   static_assert(NTILES == 1 || SPLIT == 1, "NTILES > 1 needs SPLIT == 1 (split-K tiles are one per CTA)");
@@ -115,10 +118,11 @@ struct MoeKernel {
       return;
     }
     if constexpr (PERSISTENT) {
-      using Walker = TileWalker<F, BT, BN * NTILES, RASTER, kThreads>;  // an item: NTILES N blocks
+      using Walker = TileWalker<F, BT, BN * NTILES, RASTER, kThreads, PERSISTENT == 2>;  // an item: NTILES N blocks
       __shared__ int s_tile_expert[Walker::kBuffers];
       __shared__ int s_tile_nblock[Walker::kBuffers];
-      Walker walker(p, in_rows, out_rows, s_tile_expert, s_tile_nblock, &s_expert, &s_first);
+      __shared__ int s_claim;
+      Walker walker(p, in_rows, out_rows, s_tile_expert, s_tile_nblock, &s_expert, &s_first, &s_claim);
       const bool any = walker.commit(p, 0);
       __syncthreads();  // publishes tile 0's rows
       if (!any) return;  // uniform: this CTA has no tile

@@ -21,8 +21,8 @@
 # with the tokens on the M side in 16-row tiles. Measured here: what the swap buys over tok_e
 # 1-32 (the ablation, live on an H200 or the committed table), weight bytes per second against
 # the HBM ceiling, what the tile-grouped weight layout buys, and these calls next to upstream
-# Humming. Semi-static token slicing is not
-# built yet (`chord.optimizations`, planned).
+# Humming. Semi-static token slicing (the `queue` knob of persistent schedules: 0, the static walk,
+# against 1, a dynamic work queue) is measured in docs/optimizations.md.
 
 # %% tags=["parameters"]
 QUICK = True
@@ -42,7 +42,7 @@ from chord.workbench import decision_row, recorded_results, where_results_come_f
 
 for name in ("decode operand swap", "semi-static token slicing"):
     o = optimizations.BY_NAME[name]
-    print(f"{name:28s} {o.status} (issue {o.issue}): {o.what}")
+    print(f"{name:28s} {o.status}" + (f" (issue {o.issue})" if o.issue else f" (knob {o.knob})") + f": {o.what}")
 r = decision_row("ep8", "grouped_masked", "gate_up", 4)
 print("EP8 decode at 4 rows/expert:", r["schedule"], "- block_m", r["block_m"], "tokens on the MMA's N side")
 

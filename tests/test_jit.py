@@ -18,23 +18,23 @@ def test_render_composes_family_mainloop_and_knobs():
     s = Schedule("grouped_masked", 16, 128, 4, 6, 2)
     src = jit.render(s)
     assert '#include "sm90_w4a16_moe.cuh"' in src
-    # (..., SPLIT, RASTER, NTILES, STMATRIX, PERSISTENT, CLUSTER_N, PDL, STREAMK)
-    assert "chord::MoeKernel<chord::Family::kMasked, 16, 128, chord::MmaSwap16<16, 128, 4, 6, true>, 1, 0, 1, true, false, 1, false, false>" in src
-    assert "MmaSwap16<8, 64, 4, 8, true>, 4, 0, 1, true, false, 1, false, false>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
-    assert "MmaSwap16<8, 128, 4, 6, true>, 1, 0, 4, true, false, 1, false, false>" in jit.render(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4))
-    assert "MmaSwap16<16, 256, 4, 8, false>, 1, 0, 1, true, false, 1, false, false>" in jit.render(Schedule("indexed", 16, 256, 4, 8, 1, swap=0))
+    # (..., SPLIT, RASTER, NTILES, STMATRIX, PERSISTENT (0-2), CLUSTER_N, PDL, STREAMK)
+    assert "chord::MoeKernel<chord::Family::kMasked, 16, 128, chord::MmaSwap16<16, 128, 4, 6, true>, 1, 0, 1, true, 0, 1, false, false>" in src
+    assert "MmaSwap16<8, 64, 4, 8, true>, 4, 0, 1, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
+    assert "MmaSwap16<8, 128, 4, 6, true>, 1, 0, 4, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4))
+    assert "MmaSwap16<16, 256, 4, 8, false>, 1, 0, 1, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 16, 256, 4, 8, 1, swap=0))
     assert "__launch_bounds__(128, 2)" in src and s.id in src
     # the epilogue's fragment stores: stmatrix.trans by default, one 16-bit store per value off
-    assert "true>, 1, 0, 1, false, false, 1, false, false>" in jit.render(Schedule("grouped_masked", 16, 128, 4, 6, 2, stmatrix=0))
+    assert "true>, 1, 0, 1, false, 0, 1, false, false>" in jit.render(Schedule("grouped_masked", 16, 128, 4, 6, 2, stmatrix=0))
     # persistent CTAs: the slot before the CTA pairs
     ps = Schedule("indexed", 96, 128, 8, 5, 1, mainloop="wgmma", raster=8, n_tiles=4, persistent=1)
     assert ps.id == "idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1"
-    assert "8, 4, 0, 0>, 1, 8, 4, true, true, 1, false, false>" in jit.render(ps)
+    assert "8, 4, 0, 0>, 1, 8, 4, true, 1, 1, false, false>" in jit.render(ps)
     wg = Schedule("indexed", 128, 256, 16, 4, 1, mainloop="wgmma", wgmma_wait=0, raster=8)
     src = jit.render(wg)
     wide = Schedule("indexed", 32, 512, 8, 8, 1, mainloop="wgmma", group_steps=1)
-    assert "chord::WgmmaSwap64<32, 512, 8, 1, 0, 8, 1, 0, 0>, 1, 0, 1, true, false, 1, false, false>" in jit.render(wide)
-    assert "chord::WgmmaSwap64<128, 256, 4, 0, 0, 16, 4, 0, 0>, 1, 8, 1, true, false, 1, false, false>" in src and "__launch_bounds__(512, 1)" in src
+    assert "chord::WgmmaSwap64<32, 512, 8, 1, 0, 8, 1, 0, 0>, 1, 0, 1, true, 0, 1, false, false>" in jit.render(wide)
+    assert "chord::WgmmaSwap64<128, 256, 4, 0, 0, 16, 4, 0, 0>, 1, 8, 1, true, 0, 1, false, false>" in src and "__launch_bounds__(512, 1)" in src
     assert "TmaDescriptor" not in src
     # bulk copies: the last two main-loop slots; a TMA_X kernel takes the tensor map as a second parameter
     bulk = Schedule("grouped_contiguous", 256, 128, 8, 5, 1, mainloop="wgmma", raster=8, bulk_w=1, tma_x=1)
@@ -48,11 +48,11 @@ def test_render_composes_family_mainloop_and_knobs():
     cl = Schedule("grouped_masked", 32, 256, 4, 8, 2, mainloop="wgmma", group_steps=2, tma_x=1, cluster_n=2)
     assert cl.id == "gmsk-m32n256k64-w4-s8-c2-wgmma-gs2-tx1-cn2"
     src = jit.render(cl)
-    assert "chord::WgmmaSwap64<32, 256, 8, 1, 0, 4, 2, 0, 1>, 1, 0, 1, true, false, 2, false, false>" in src
+    assert "chord::WgmmaSwap64<32, 256, 8, 1, 0, 4, 2, 0, 1>, 1, 0, 1, true, 0, 2, false, false>" in src
     assert "__cluster_dims__(1, 2, 1) __launch_bounds__(128, 2)" in src
     assert "__cluster_dims__" not in jit.render(bulk)
     # programmatic dependent launch: the slot after the CTA pairs
-    assert "true, false, 2, true, false>;" in jit.render(Schedule.from_id(cl.id + "-pd1"))
+    assert "true, 0, 2, true, false>;" in jit.render(Schedule.from_id(cl.id + "-pd1"))
 
 
 def test_render_states_python_facts_for_the_compiler():

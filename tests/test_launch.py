@@ -289,7 +289,8 @@ def _indexed_call(sid, m=5, top_k=2, bm=None):
 
 
 @pytest.mark.parametrize("sid", ["idx-m8n128k64-w4-s4-c1", "idx-m8n64k64-w4-s4-c1-sk4", "idx-m8n128k64-w4-s4-c1-pd1",
-                                 "idx-m64n128k64-w8-s4-c1-wgmma-ps1", "idx-m8n64k64-w4-s8-c1-stk1"])
+                                 "idx-m64n128k64-w8-s4-c1-wgmma-ps1", "idx-m8n64k64-w4-s8-c1-stk1",
+                                 "idx-m64n128k64-w8-s4-c1-wgmma-ps1-dq1"])
 def test_indexed_second_call_packs_what_python_packs(ops_stubbed, sid):
     mod, rec, kern = ops_stubbed
     call, a = _indexed_call(sid)
@@ -308,7 +309,10 @@ def test_indexed_second_call_packs_what_python_packs(ops_stubbed, sid):
     assert call_fast["fn"] == 0xF00D and call_fast["stream"] == rec.stream
     call(*b)
     assert len(rec.calls) == 2  # the plan is still there
-    if s.split_k > 1 or s.stream_k:  # the workspace is this stream's: another stream takes the Python path
+    off = jit.gemm_params_offsets()["counters"]
+    counters = int.from_bytes(py["params"][off:off + 8], "little")
+    assert counters == (0x2000000 if s.split_k > 1 or s.stream_k or s.queue else 0)  # the queue's two words
+    if s.split_k > 1 or s.stream_k or s.queue:  # the workspace is this stream's: another stream takes the Python path
         rec.stream = 0x99
         call(*b)
         assert len(rec.calls) == 2 and len(kern.launches) == 3

@@ -31,8 +31,9 @@ def test_switch_off_each_knob_of_every_profile_schedule(sched):
         o = O.BY_NAME[name]
         assert isinstance(off, Schedule) and not o.is_on(off) and off != sched
         changed = {k for k in KNOB if getattr(off, k) != getattr(sched, k)}
-        allowed = {o.knob} | ({"warps", "wgmma_wait", "producer", "group_steps", "block_m", "persistent", "bulk_w",
-                                                     "tma_x"} if o.knob == "mainloop" else
+        allowed = {o.knob} | ({"warps", "wgmma_wait", "producer", "group_steps", "block_m", "persistent", "queue",
+                                                     "bulk_w", "tma_x"} if o.knob == "mainloop" else
+                              {"queue"} if o.knob == "persistent" else
                               {"block_m"} if o.knob == "swap" else set())
         assert changed <= allowed, (name, changed)
 

@@ -358,6 +358,16 @@ def test_stmatrix_and_persistent_knobs():
     assert s.static_smem_bytes == 16 * 96 * 3 + 256
 
 
+def test_queue_knob():
+    s = Schedule.from_id("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1-dq1")
+    assert s.queue == 1 and s.persistent == 1 and Schedule.from_id(s.id) == s
+    assert Schedule.from_id("idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1").queue == 0  # the static walk by default
+    with pytest.raises(ValueError, match="queue=1 hands persistent CTAs their items, so it needs persistent=1"):
+        Schedule.from_id("idx-m64n128k64-w8-s4-c1-wgmma-dq1")
+    with pytest.raises(ValueError, match="queue must be one of 0, 1"):
+        Schedule("indexed", 64, 128, 8, 4, 1, mainloop="wgmma", persistent=1, queue=2)
+
+
 def test_stream_k_knob():
     s = Schedule.from_id("idx-m8n64k64-w4-s8-c1-stk1-pd1")
     assert s.stream_k == 1 and s.pdl == 1 and s.id == "idx-m8n64k64-w4-s8-c1-pd1-stk1"

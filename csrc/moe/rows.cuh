@@ -213,7 +213,16 @@ __device__ __forceinline__ int64_t contiguous_tiles(const GemmParams& p, int64_t
 // commit needs no barrier of its own (the caller's next CTA barrier publishes the rows, and
 // buffer buf was last read two tiles ago). Contiguous tiles are found by a scan at commit time
 // (rows_contiguous, with its barrier). Every thread calls both (uniform).
-template <Family F, int BT, int BN, int RASTER, int THREADS>
+//
+// DYNAMIC (persistent=1 with queue=1): the CTA's first tile is still blockIdx.x, every later one
+// is claimed from a work queue, p.counters[0] (atomicAdd by thread 0, handed to the CTA through
+// shared memory between two CTA barriers; claims count from gridDim.x), so a CTA that finishes
+// early takes the next unclaimed tile instead of the one a stride of gridDim.x away. A CTA that
+// meets the end of the queue counts itself in p.counters[1]; the last of the grid resets both to
+// zero (every other CTA has made its last claim by then), so the queue starts at zero at every
+// launch and graph replay, as split-K's counters do. Same tiles, same per-tile arithmetic: the
+// output bits equal the static walk's.
+template <Family F, int BT, int BN, int RASTER, int THREADS, bool DYNAMIC = false>
 struct TileWalker {
   static constexpr int kBuffers = 3;
   static constexpr int kPer = (BT + THREADS - 1) / THREADS;  // sorted ids per thread (indexed)
@@ -224,6 +233,9 @@ struct TileWalker {
   int* s_scratch;    // rows_contiguous's expert
   int64_t* s_first;  // rows_contiguous's first row
   int X, Y, total, lin;
+  int* s_claim = nullptr;  // DYNAMIC: thread 0's claim, read by every thread
+  bool claims = false;     // DYNAMIC: the next candidate comes from the queue (the first is blockIdx.x)
+  bool finished = false;   // DYNAMIC: this CTA has met the end of the queue and counted itself
   // the prefetched candidate
   bool pf_some;
   TileCoords pf_tc;
@@ -231,8 +243,9 @@ struct TileWalker {
   int32_t pf_id[kPer];     // indexed: sorted ids of its rows
 
   __device__ __forceinline__ TileWalker(const GemmParams& p, int64_t (*in)[BT], int64_t (*out)[BT], int* expert3,
-                                        int* nblock3, int* scratch, int64_t* first)
-      : rows_in(in), rows_out(out), s_expert(expert3), s_nblock(nblock3), s_scratch(scratch), s_first(first) {
+                                        int* nblock3, int* scratch, int64_t* first, int* claim = nullptr)
+      : rows_in(in), rows_out(out), s_expert(expert3), s_nblock(nblock3), s_scratch(scratch), s_first(first),
+        s_claim(claim) {
     Y = static_cast<int>(p.n / BN);
     if constexpr (F == Family::kIndexed) {
       int64_t padded = *p.num_tokens_post_padded;
@@ -253,11 +266,40 @@ struct TileWalker {
   __device__ __forceinline__ const int64_t* in_rows(int buf) const { return rows_in[buf]; }
   __device__ __forceinline__ const int64_t* out_rows(int buf) const { return rows_out[buf]; }
 
+  // DYNAMIC: the next unclaimed tile index (uniform). The first barrier keeps thread 0 from
+  // overwriting the previous claim before every thread has read it.
+  __device__ __forceinline__ int claim(const GemmParams& p) {
+    __syncthreads();
+    if (threadIdx.x == 0) *s_claim = static_cast<int>(gridDim.x) + atomicAdd(p.counters, 1);
+    __syncthreads();
+    return *s_claim;
+  }
+
+  // DYNAMIC: this CTA makes no more claims; the grid's last such CTA resets the queue.
+  __device__ __forceinline__ void finish(const GemmParams& p) {
+    if (finished) return;
+    finished = true;
+    if (threadIdx.x == 0) {
+      __threadfence();  // this CTA's claims are performed before it counts itself
+      if (atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+        atomicExch(p.counters, 0);
+        atomicExch(p.counters + 1, 0);
+      }
+    }
+  }
+
   __device__ __forceinline__ void prefetch(const GemmParams& p) {
+    if constexpr (DYNAMIC) {
+      if (claims) lin = claim(p);
+      claims = true;
+    }
     pf_some = lin < total;
-    if (!pf_some) return;
+    if (!pf_some) {
+      if constexpr (DYNAMIC) finish(p);
+      return;
+    }
     pf_tc = tile_at<RASTER>(lin, X, Y);
-    lin += gridDim.x;
+    if constexpr (!DYNAMIC) lin += gridDim.x;
     if constexpr (F == Family::kIndexed) {
       const int64_t b = pf_tc.m_tile;  // < X: inside the buffers and below the padded count
       pf_e = p.expert_ids[b];

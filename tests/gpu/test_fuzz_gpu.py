@@ -74,6 +74,8 @@ def fuzz_pool(family: str) -> list[Schedule]:
             try:  # the same tile as a persistent grid (no profile rule uses one)
                 ps = override(s, persistent=1)
                 pool[ps.id] = ps
+                dq = override(ps, queue=1)  # the dynamic work queue's side of the same walk
+                pool[dq.id] = dq
             except ValueError:  # its epilogue tile after the ring does not fit
                 pass
             # the same tile with each bulk copy and as CTA pairs (where the knob applies)
@@ -192,3 +194,5 @@ def test_pool_covers_every_knob():
                 continue
             if knob.off is not None:
                 assert any(getattr(s, knob.name) != knob.off for s in pool), (family, knob.name)
+                if knob.name == "queue":  # on by default: its off side (the work queue) is the new kernel
+                    assert any(s.queue == knob.off for s in pool), family

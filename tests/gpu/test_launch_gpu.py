@@ -37,6 +37,7 @@ SCHEDULES = [
     "gcon-m64n256k64-w8-s4-c1-sk3-wgmma-gs2",
     "gmsk-m8n128k64-w4-s8-c1",
     "gmsk-m32n128k64-w8-s8-c1-wgmma-cn2",
+    "idx-m32n128k64-w8-s4-c1-wgmma-ps1-dq1",
 ]
 
 

@@ -309,6 +309,48 @@ def test_persistent_cuda_graph_replay_with_new_routing():
     check_indexed_graph_replay(Schedule.from_id(PERSISTENT[0][0]), e=16, n=512, k=1024, m=40, top_k=4)
 
 
+# The work queue (queue=1): the same persistent walk with every item after a CTA's first claimed
+# from an atomic counter. Same tiles, same per-tile MMAs: the same bits as the static walk, on
+# every launch (the grid's last CTA resets the queue), the counters left at zero.
+def _queue_counters(dev: int = 0) -> torch.Tensor:
+    from chord import ops
+
+    return ops._split_ws[(dev, ops._raw_stream(dev))][1][:2]
+
+
+@pytest.mark.parametrize("pair", PERSISTENT, ids=lambda p: p[0])
+@pytest.mark.parametrize("k", [256, 2048])
+def test_queue_indexed_matches_the_static_walk_every_launch(pair, k):
+    static = Schedule.from_id(pair[0])
+    dyn = Schedule.from_id(pair[0] + "-dq1")
+    assert dyn.queue == 1 and override(dyn, queue=0) == static
+    out, rerun = check_indexed(dyn, 1024, k)
+    ref = rerun(static)
+    assert same_bits(out, ref), dyn.id
+    for _ in range(3):  # the queue starts from zero again at each launch
+        assert same_bits(rerun(dyn), ref), dyn.id
+    torch.cuda.synchronize()
+    assert _queue_counters().tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("pair", [PERSISTENT[0], PERSISTENT[2], PERSISTENT[4]], ids=lambda p: p[0])
+def test_queue_contiguous_matches_reference(pair):
+    for _ in range(2):
+        check_contiguous(override(Schedule.from_id(pair[0] + "-dq1"), family="grouped_contiguous"), 1)
+
+
+@pytest.mark.parametrize("pair", [PERSISTENT[1], PERSISTENT[5]], ids=lambda p: p[0])
+@pytest.mark.parametrize("max_rows", [1, 13, 40])
+def test_queue_masked_matches_reference(pair, max_rows):
+    check_masked(override(Schedule.from_id(pair[0] + "-dq1"), family="grouped_masked"), max_rows)
+
+
+def test_queue_cuda_graph_replay_with_new_routing():
+    check_indexed_graph_replay(Schedule.from_id(PERSISTENT[0][0] + "-dq1"), e=16, n=512, k=1024, m=40, top_k=4)
+    torch.cuda.synchronize()
+    assert _queue_counters().tolist() == [0, 0]
+
+
 def test_persistent_refuses_a_ring_deeper_than_one_tile():
     """K / 64 < stages - 2: the ring would run two tiles ahead; refused by name before a launch."""
     s = Schedule.from_id(PERSISTENT[3][0])  # 5 stages: needs at least 3 K blocks
