@@ -335,3 +335,35 @@ def test_stream_k_refuses_buffers_of_2_31_units_before_any_launch():
     a.update(sorted_ids=torch.empty((blocks - 1) * 8, dtype=torch.int32, device="meta"),
              expert_ids=torch.empty(blocks - 1, dtype=torch.int32, device="meta"))
     call_indexed(a)  # one block fewer: accepted (validation only on meta)
+
+
+def test_a_capturing_stream_takes_a_spare_split_k_pair(monkeypatch):
+    """Split-K counters must be zero before a kernel's first use. A stream capturing a CUDA graph
+    gets a zeroed spare made by an earlier eager allocation (zeroing there would record a memset
+    into the graph); without a spare it zeroes its own (inside the graph: correct, slower)."""
+    capturing = {"on": False}
+    stream = {"id": 11}
+    monkeypatch.setattr(ops, "_split_ws", {})
+    monkeypatch.setattr(ops, "_split_spares", {})
+    monkeypatch.setattr(ops, "_split_ws_old", [])
+    monkeypatch.setattr(ops, "_raw_stream", lambda dev: stream["id"])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    cpu = torch.device("cpu")
+    ops._split_buffers(cpu, 1000, 10)  # eager: its own pair and one spare of that size
+    assert set(ops._split_ws) == {(0, 11)} and len(ops._split_spares[0]) == 1
+    spare = ops._split_spares[0][0]
+    assert spare[1].numel() >= 10 and not spare[1].any()
+    ops._split_buffers(cpu, 1000, 10)  # the same stream again: nothing new
+    assert len(ops._split_spares[0]) == 1
+    capturing["on"], stream["id"] = True, 22
+    ops._split_buffers(cpu, 1000, 10)
+    got = ops._split_ws[(0, 22)]
+    assert got[0] is spare[0] and got[1] is spare[1] and not ops._split_spares[0]  # no zeroing while capturing
+    stream["id"] = 33
+    ops._split_buffers(cpu, 1000, 10)  # no spare left: a pair of its own
+    ws, cnt = ops._split_ws[(0, 33)]
+    assert ws is not spare[0] and not cnt.any() and not ops._split_spares[0]
+    capturing["on"], stream["id"] = False, 11
+    ops._split_buffers(cpu, 1 << 30, 10)  # over the spare limit: grows, keeps no spare that large
+    assert all(p[0].numel() < (1 << 30) for p in ops._split_spares[0])
