@@ -249,10 +249,9 @@ def _split_buffers(device: torch.device, floats: int, tiles: int) -> tuple[int, 
         nf, nt = max(floats, 1 << 16), max(tiles, 1 << 12)
         spares = _split_spares.setdefault(dev, [])
         if torch.cuda.is_current_stream_capturing():
-            fit = next((p for p in spares if p[0].numel() >= nf and p[1].numel() >= nt), None)
+            fit = next((i for i, p in enumerate(spares) if p[0].numel() >= nf and p[1].numel() >= nt), None)
             if fit is not None:
-                spares.remove(fit)
-                ws, cnt = fit
+                ws, cnt = spares.pop(fit)  # by position: tensors do not compare as list items
             else:
                 ws, cnt = _new_split_pair(device, nf, nt)
         else:

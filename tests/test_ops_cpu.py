@@ -356,7 +356,15 @@ def test_a_capturing_stream_takes_a_spare_split_k_pair(monkeypatch):
     assert spare[1].numel() >= 10 and not spare[1].any()
     ops._split_buffers(cpu, 1000, 10)  # the same stream again: nothing new
     assert len(ops._split_spares[0]) == 1
-    capturing["on"], stream["id"] = True, 22
+    stream["id"] = 12
+    ops._split_buffers(cpu, 200000, 10)  # a larger request: a second spare, of its size
+    assert len(ops._split_spares[0]) == 2
+    big = ops._split_spares[0][1]
+    capturing["on"], stream["id"] = True, 21
+    ops._split_buffers(cpu, 200000, 10)  # the second spare is the one that fits
+    got = ops._split_ws[(0, 21)]
+    assert got[0] is big[0] and len(ops._split_spares[0]) == 1
+    stream["id"] = 22
     ops._split_buffers(cpu, 1000, 10)
     got = ops._split_ws[(0, 22)]
     assert got[0] is spare[0] and got[1] is spare[1] and not ops._split_spares[0]  # no zeroing while capturing
