@@ -97,22 +97,35 @@ def build_module(cache: Path | None = None):
     out_dir = (cache or cache_dir()) / "host"
     so = out_dir / f"_chord_launch-{h.hexdigest()[:16]}{suffix}"
     if not so.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="chord-host-") as tmp:
-            tmp_so = Path(tmp, so.name)
-            cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}", str(src),
-                   "-o", str(tmp_so)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
-            staged = out_dir / f".{so.name}.{os.getpid()}.{threading.get_ident()}"
-            shutil.copyfile(tmp_so, staged)
-            os.replace(staged, so)  # concurrent builders publish whole files
+        _compile(cc, include, src, so)
+    try:
+        mod = _import(so)
+    except ImportError:  # a damaged cached file (truncated, overwritten): build it again, once
+        _compile(cc, include, src, so)
+        mod = _import(so)
+    if mod.plan_bytes() != PLAN.size:
+        raise RuntimeError(f"{src}: sizeof(Plan) = {mod.plan_bytes()}, but chord.launch packs {PLAN.size} bytes")
+    return mod
+
+
+def _compile(cc: str, include: str, src: Path, so: Path) -> None:
+    so.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="chord-host-") as tmp:
+        tmp_so = Path(tmp, so.name)
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}", str(src),
+               "-o", str(tmp_so)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        staged = so.parent / f".{so.name}.{os.getpid()}.{threading.get_ident()}"
+        shutil.copyfile(tmp_so, staged)
+        os.replace(staged, so)  # concurrent builders publish whole files
+
+
+def _import(so: Path):
     spec = importlib.util.spec_from_file_location("_chord_launch", so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    if mod.plan_bytes() != PLAN.size:
-        raise RuntimeError(f"{src}: sizeof(Plan) = {mod.plan_bytes()}, but chord.launch packs {PLAN.size} bytes")
     return mod
 
 
@@ -147,7 +160,7 @@ def _load(force: bool = False) -> None:
             addr = ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
             addr_ex = ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value or 0
             mod.configure(addr, addr_ex, raw, (torch.Tensor, torch.nn.Parameter))
-        except (RuntimeError, OSError) as exc:
+        except (RuntimeError, OSError, ImportError) as exc:
             _status = f"unavailable: {exc}"
             return
         MODULE = mod

@@ -204,6 +204,7 @@ def test_nothing_is_remembered_or_used_with_nvtx_on(fast, monkeypatch):
 
 
 def test_switch_and_status(monkeypatch):
+    monkeypatch.setattr(launch, "_status", launch._status)
     monkeypatch.setattr(launch, "_loaded", False)
     monkeypatch.setattr(launch, "MODULE", None)
     monkeypatch.setenv("CHORD_FAST_LAUNCH", "0")
@@ -221,6 +222,40 @@ def test_switch_and_status(monkeypatch):
     if not torch.cuda.is_available():  # this machine: no driver, every call takes the Python path
         assert launch.status().startswith("unavailable: ")
         assert launch.MODULE is None and not launch.try_launch("s", 1)
+
+
+def test_a_damaged_cached_module_is_rebuilt(fast, tmp_path):
+    """A cached module that does not load (truncated, overwritten) is built again. (Another cache
+    dir: the fixture's module is mapped into this process, so its file is never rewritten here.)"""
+    name = next((tmp_path / "host").glob("_chord_launch-*")).name
+    other = tmp_path / "other"
+    (other / "host").mkdir(parents=True)
+    (other / "host" / name).write_bytes(b"not an ELF file")
+    mod = launch.build_module(cache=other)
+    assert mod.plan_bytes() == launch.PLAN.size and (other / "host" / name).read_bytes()[:4] == b"\x7fELF"
+
+
+def test_an_unloadable_module_leaves_the_python_path(monkeypatch):
+    """A module that cannot be imported makes the fast path unavailable (status says why); every
+    call then takes the Python path instead of failing."""
+    from types import SimpleNamespace
+
+    from chord import jit as J
+
+    monkeypatch.setattr(launch, "_loaded", False)
+    monkeypatch.setattr(launch, "MODULE", None)
+    monkeypatch.setattr(launch, "_status", launch._status)
+    monkeypatch.delenv("CHORD_FAST_LAUNCH", raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0, raising=False)
+    monkeypatch.setattr(J, "driver", lambda: SimpleNamespace(lib=None))
+
+    def broken(*a, **k):
+        raise ImportError("undefined symbol: PyFoo")
+
+    monkeypatch.setattr(launch, "build_module", broken)
+    launch._load(force=True)
+    assert launch.MODULE is None
+    assert launch.status() == "unavailable: undefined symbol: PyFoo" and not launch.try_launch("s", 1)
 
 
 def test_build_failure_names_the_compiler(tmp_path, monkeypatch):
