@@ -112,13 +112,19 @@ class Case:
         assert rel_err(got[self.valid], self.ref()[self.valid]) < BF16_TOL, self.s.id
 
 
-@pytest.mark.parametrize("sid", SCHEDULES)
-def test_plan_launches_match_the_python_path(sid):
+def fresh_case(sid: str, seed: int):
+    """(schedule, experts, packed experts, a Case of it on `seed`) with the fast path on and no
+    plan made yet."""
     s = Schedule.from_id(sid)
     qe, pw = cached_random_experts(6, 512, 704)
     launch.fast_launch(True)
     launch.clear()
-    first = Case(s, qe, pw, seed=1)
+    return s, qe, pw, Case(s, qe, pw, seed=seed)
+
+
+@pytest.mark.parametrize("sid", SCHEDULES)
+def test_plan_launches_match_the_python_path(sid):
+    s, qe, pw, first = fresh_case(sid, seed=1)
     first.call()  # the Python path: makes the plan
     assert len(launch.PLANS) == 1
     torch.cuda.synchronize()
@@ -138,11 +144,8 @@ def test_plan_launches_match_the_python_path(sid):
 
 
 def test_split_k_plan_is_bound_to_its_stream():
-    s = Schedule.from_id("idx-m8n64k64-w4-s6-c1-sk4")
-    qe, pw = cached_random_experts(6, 512, 704)
-    launch.fast_launch(True)
-    launch.clear()
-    Case(s, qe, pw, seed=1).call()
+    s, qe, pw, first = fresh_case("idx-m8n64k64-w4-s6-c1-sk4", seed=1)
+    first.call()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -160,11 +163,7 @@ def test_split_k_plan_is_bound_to_its_stream():
 @pytest.mark.parametrize("sid", ["idx-m8n256k64-w4-s8-c1", "gcon-m16n64k64-w4-s6-c1-sk4-pd1",
                                  "gmsk-m32n128k64-w8-s8-c1-wgmma-cn2"])
 def test_graph_capture_of_planned_calls(sid):
-    s = Schedule.from_id(sid)
-    qe, pw = cached_random_experts(6, 512, 704)
-    launch.fast_launch(True)
-    launch.clear()
-    c = Case(s, qe, pw, seed=6)
+    s, qe, pw, c = fresh_case(sid, seed=6)
     c.call()
     c.call()  # planned
     torch.cuda.synchronize()
@@ -192,10 +191,7 @@ def test_a_captured_split_k_call_records_no_memset(monkeypatch):
     recorded, which ran at every replay: 0.55 us on the TP8 one-token pair), and it replays right."""
     monkeypatch.setattr(ops, "_split_ws", {})
     monkeypatch.setattr(ops, "_split_spares", {})
-    launch.clear()  # no plan holds an earlier workspace
-    s = Schedule.from_id("idx-m8n64k64-w4-s6-c1-sk4")
-    qe, pw = cached_random_experts(6, 512, 704)
-    c = Case(s, qe, pw, seed=9)
+    s, qe, pw, c = fresh_case("idx-m8n64k64-w4-s6-c1-sk4", seed=9)  # no plan holds an earlier workspace
     c.call()  # eager, on the current stream: its workspace and one spare
     torch.cuda.synchronize()
     dev = torch.cuda.current_device()
