@@ -129,6 +129,17 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // ---- misc ------------------------------------------------------------------------------------
 
+// Zeroes a register accumulator of any [A][B][C] shape (both main loops' fragments), unrolled.
+template <int A, int B, int C>
+__device__ __forceinline__ void zero_acc(float (&acc)[A][B][C]) {
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < B; ++j)
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[i][j][c] = 0.f;
+}
+
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t x, uint32_t mask, uint32_t bits) {
   // (x & mask) | bits in one LOP3.
   uint32_t r;

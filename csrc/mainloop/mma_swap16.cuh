@@ -42,6 +42,23 @@ struct MmaSwap16 {
   // !SWAP: acc[j][2u + h] is the m16n8 tile (tokens 16u..16u+15) x (features 8h..8h+7 of tile j).
   using Acc = float[kNTW][kTT][4];
 
+  // One thread's 16-byte copies of a ring stage (run and run_stream): kWIters weight and kSIters
+  // scale chunks from sources aimed at K block 0 of a tile (each K block adds a stride), kXIters
+  // activation chunks into XOR-swizzled rows (x_offset; an invalid row is zero-filled). The
+  // arrays stay separate locals of run/run_stream: gathered into one struct, nvcc 13.0 allocates
+  // the mma kernels' registers differently (other SASS, checked on 15 kernels), so they are not.
+  static constexpr int kWChunks = kNTiles * 32;  // 16-byte weight chunks per stage
+  static constexpr int kSChunks = kNTiles * 4;   // 16-byte scale chunks per stage
+  static constexpr int kXChunks = BT * 8;        // 16-byte activation chunks per stage
+  static constexpr int kWIters = (kWChunks + kThreads - 1) / kThreads;
+  static constexpr int kSIters = (kSChunks + kThreads - 1) / kThreads;
+  static constexpr int kXIters = (kXChunks + kThreads - 1) / kThreads;
+
+  // Stage offset of activation row r's 16-byte column ch.
+  __device__ __forceinline__ static uint32_t x_offset(int r, int ch) {
+    return kWBytes + kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
+  }
+
   // Copies K block kb into the ring stage at shared address st: each thread its 16-byte weight,
   // scale and activation chunks from sources aimed at K block 0 of a tile (kb strides added).
   template <int WI, int SI, int XI>
@@ -51,7 +68,6 @@ struct MmaSwap16 {
                                                     const bool (&xvalid)[XI], int kb, int wstep, int sstep,
                                                     uint64_t evict_first) {
     constexpr int T = kThreads;
-    constexpr int kWChunks = kNTiles * 32, kSChunks = kNTiles * 4, kXChunks = BT * 8;
     const int tid = threadIdx.x;
 #pragma unroll
     for (int it = 0; it < WI; ++it) {
@@ -127,15 +143,6 @@ struct MmaSwap16 {
     }
   }
 
-  __device__ __forceinline__ static void zero(Acc& acc) {
-#pragma unroll
-    for (int j = 0; j < kNTW; ++j)
-#pragma unroll
-      for (int i = 0; i < kTT; ++i)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
-  }
-
   // Ring position g of `total`: wait for its stage (stage g-1 is then free for everyone), refill
   // that slot STAGES-1 positions ahead, and run stage g's MMAs.
   template <class LoadNext>
@@ -166,12 +173,6 @@ struct MmaSwap16 {
     // Per-thread copy assignments, computed once per tile: each K block only adds kb times the
     // layout's stride to the sources (common/params.cuh, Swap16Layout).
     constexpr int T = kThreads;
-    constexpr int kWChunks = kNTiles * 32;  // 16-byte weight chunks per stage
-    constexpr int kSChunks = kNTiles * 4;   // 16-byte scale chunks per stage
-    constexpr int kXChunks = BT * 8;        // 16-byte activation chunks per stage
-    constexpr int kWIters = (kWChunks + T - 1) / T;
-    constexpr int kSIters = (kSChunks + T - 1) / T;
-    constexpr int kXIters = (kXChunks + T - 1) / T;
     const Swap16Layout<kNTiles> lay(p, expert);
     const int wstep = lay.group() * 32;  // uint4 from one K block of a tile to the next
     const int sstep = lay.group() * 64;  // bytes
@@ -204,7 +205,7 @@ struct MmaSwap16 {
       const int64_t row = in_row[r];
       xvalid[it] = row >= 0 && c < kXChunks;
       xsrc[it] = p.x + (row >= 0 ? row * K + kb_begin * kKBlock + ch * 8 : 0);
-      xdst[it] = kWBytes + kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
+      xdst[it] = x_offset(r, ch);
     }
 
     // Copies K block kb of the aimed tile into ring slot s.
@@ -239,7 +240,7 @@ struct MmaSwap16 {
     }
 
     for (int tile = 0; tile < NTILES; ++tile) {
-      zero(acc);
+      zero_acc(acc);
       for (int kb = 0; kb < KB; ++kb) ring_step(tile * KB + kb, TOTAL, load_next, smem, acc);
       if constexpr (NTILES > 1) epilogue(tile, acc);  // its shared memory lies after the ring
     }
@@ -265,12 +266,6 @@ struct MmaSwap16 {
     const int TOTAL = plan.u1 - plan.u0;
     const uint64_t evict_first = make_evict_first_policy();
     constexpr int T = kThreads;
-    constexpr int kWChunks = kNTiles * 32;
-    constexpr int kSChunks = kNTiles * 4;
-    constexpr int kXChunks = BT * 8;
-    constexpr int kWIters = (kWChunks + T - 1) / T;
-    constexpr int kSIters = (kSChunks + T - 1) / T;
-    constexpr int kXIters = (kXChunks + T - 1) / T;
     const int wstep = Swap16Layout<kNTiles>(p, 0).group() * 32;  // G depends on N only
     const int sstep = wstep * 2;
     const uint32_t smem_base = smem_u32(smem);
@@ -283,7 +278,7 @@ struct MmaSwap16 {
     for (int it = 0; it < kXIters; ++it) {
       const int c = tid + it * T;
       const int r = (c / 8) % BT, ch = c % 8;
-      xdst[it] = kWBytes + kSBytes + r * 128 + ((ch ^ (r & 7)) * 16);
+      xdst[it] = x_offset(r, ch);
     }
     // routing of the next token block, loaded a block ahead
     int pf_b = -1, pf_e = -1;
@@ -358,7 +353,7 @@ struct MmaSwap16 {
     int c_kb = plan.u0 - c_t * KB;
     int seg_begin = plan.u0;
     for (int g = 0; g < TOTAL; ++g) {
-      if (g == 0 || c_kb == 0) zero(acc);
+      if (g == 0 || c_kb == 0) zero_acc(acc);
       ring_step(g, TOTAL, load_next, smem, acc);
       if (c_kb == KB - 1 || g == TOTAL - 1) {
         const int seg_end = plan.u0 + g + 1;

@@ -273,16 +273,7 @@ struct WgmmaSwap64 {
       load_stage<decltype(nthreads)::value>(p, in_row, xbase, lay, n_block * kNTiles, kb_begin, t,
                                             smem_base + slot * kStageBytes, kb);
     };
-    auto zero = [&]() {
-#pragma unroll
-      for (int j = 0; j < kNTW; ++j)
-#pragma unroll
-        for (int i = 0; i < kTT; ++i)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[j][i][c] = 0.f;
-    };
-
-    zero();
+    zero_acc(acc);
     const uint64_t desc0 = smem_desc_k128(smem_base);
 
     if constexpr (PRODUCER == 0) {
@@ -448,7 +439,7 @@ struct WgmmaSwap64 {
         cp_async_commit();
       }
       for (int tile = 0; kPersist || tile < NTILES; ++tile) {
-        if (tile > 0) zero();
+        if (tile > 0) zero_acc(acc);
         fence_acc(acc);
         k_loop(KB, [&](int kb, auto& a, auto drain) {
           const int g = tile * KB + kb;  // ring position
