@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from chord import checks, formats, jit, launch, profiling
+from chord import checks, formats, jit, launch, profiling, routing
 from chord._env import flag
 from chord.profiling import nvtx_range
 from chord.schedule import K_BLOCK, Problem, Schedule, load_profile, override, pairs_fit, profile_for, select
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from chord.formats import PackedExperts
 
 __all__ = ["gemm_indexed", "gemm_contiguous", "gemm_masked", "gemm_indexed_raw", "gemm_contiguous_raw",
-           "gemm_masked_raw", "fused_moe", "silu_and_mul", "check_cuda_sm90"]
+           "gemm_masked_raw", "fused_moe", "silu_and_mul", "check_cuda_sm90", "reserve_workspace"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,23 +267,77 @@ def _new_split_pair(device: torch.device, floats: int, tiles: int) -> tuple[torc
             torch.zeros(tiles, dtype=torch.int32, device=device))
 
 
-def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: int = 0) -> dict:
-    """Workspace and counters of a split-K kernel ([tiles, split_k] partial tiles) or a stream-K
-    one (`ctas` CTAs x 2 partial tiles, csrc/moe/stream_k.cuh: bounded by the grid, not the
-    batch); counters: one per tile of the grid_x x grid_y tile grid. A work-queue kernel
-    (queue=1) gets the counters only (its two queue words)."""
+def _split_need(s: Schedule, grid_x: int, grid_y: int, ctas: int = 0) -> tuple[int, int] | None:
+    """(fp32 partials, counters) a launch of `s` over a grid_x x grid_y tile grid needs, or None
+    (no split): split-K [tiles, split_k] partial tiles, stream-K `ctas` CTAs x 2 partial tiles
+    (csrc/moe/stream_k.cuh: bounded by the grid, not the batch), one counter per tile; a
+    work-queue kernel (queue=1) its two queue words and no partials."""
     if s.split_k == 1 and not s.stream_k and not s.queue:
-        return {}
-    if s.queue:  # the work queue's two counters (csrc/moe/rows.cuh, TileWalker DYNAMIC); no partials
-        ws, cnt = _split_buffers(x.device, 0, 2)
-        return {"workspace": ws, "counters": cnt}
+        return None
+    if s.queue:  # the work queue's two counters (csrc/moe/rows.cuh, TileWalker DYNAMIC)
+        return 0, 2
     tiles = grid_x * grid_y
     floats = (ctas * 2 if s.stream_k else tiles * s.split_k) * s.block_m * s.block_n
     if floats * 4 > _SPLIT_WS_LIMIT:
         raise ValueError(f"schedule {s.id}: split-K over {tiles} tiles needs {floats * 4 >> 20} MiB of workspace "
                          f"(limit {_SPLIT_WS_LIMIT >> 20} MiB); use split_k=1 for grids this large")
-    ws, cnt = _split_buffers(x.device, floats, tiles)
+    return floats, tiles
+
+
+def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: int = 0) -> dict:
+    """Workspace and counters of a split-K, stream-K or work-queue kernel (_split_need)."""
+    need = _split_need(s, grid_x, grid_y, ctas)
+    if need is None:
+        return {}
+    ws, cnt = _split_buffers(x.device, *need)
     return {"workspace": ws, "counters": cnt}
+
+
+def _grid_bound(s: Schedule, family: str, rows: int, num_experts: int, routed_experts: int) -> int:
+    """The largest grid_x a call of up to `rows` rows launches (the ops below): indexed, the
+    blocks of vLLM's sorted_ids for `rows` routes (chord.routing.sorted_ids_capacity, which grows
+    with the routes); contiguous, the per-expert tile bound; masked, every expert's tiles of
+    `rows` rows each."""
+    bm = s.block_m
+    if family == "indexed":
+        return routing.sorted_ids_capacity(rows, bm, routed_experts) // bm
+    if family == "grouped_contiguous":
+        return -(-rows // bm) + num_experts
+    return num_experts * -(-rows // bm)
+
+
+def reserve_workspace(schedule: "str | Schedule", n: int, rows: int, num_experts: int, *,
+                      routed_experts: int | None = None, device=None) -> int:
+    """Allocate, ahead of the calls, the split-K / stream-K / work-queue workspace that calls of
+    `schedule` (its family's grid) with up to `rows` rows need on `device` (default: the current CUDA device), for
+    the current stream and as the zeroed spare a CUDA-graph capture takes, so that no call up to
+    that size allocates (or records a memset into a graph). `rows`: routed rows (indexed: token
+    rows x top_k, vLLM's valid_shape_m; contiguous: all rows; masked: rows per expert);
+    `routed_experts`: the experts vLLM's routing pads for (indexed; default num_experts).
+    Returns the bytes reserved (0 for a schedule without a split). Bounded: a need above
+    256 MiB is refused here, as the call itself would refuse it. Larger calls still grow the
+    buffers on first need."""
+    s = Schedule.from_id(schedule) if isinstance(schedule, str) else schedule
+    if not isinstance(s, Schedule):
+        raise TypeError(f"reserve_workspace: schedule must be a schedule id or a Schedule, got {type(schedule).__name__}")
+    for name, v in (("n", n), ("rows", rows), ("num_experts", num_experts)):
+        if not checks.is_int(v) or v < (0 if name == "rows" else 1):
+            raise ValueError(f"reserve_workspace: {name} must be an int >= {0 if name == 'rows' else 1}, got {v!r}")
+    routed = num_experts if routed_experts is None else routed_experts
+    if not checks.is_int(routed) or routed < 1:
+        raise ValueError(f"reserve_workspace: routed_experts must be an int >= 1, got {routed_experts!r}")
+    if device is not None and torch.device(device).type != "cuda":
+        raise ValueError(f"reserve_workspace: device must be a CUDA device, got {device!r}")
+    if rows == 0 or (s.split_k == 1 and not s.stream_k and not s.queue):
+        return 0
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    ctas = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) * s.ctas_per_sm
+    need = _split_need(s, _grid_bound(s, s.family, rows, num_experts, routed), s.grid_n(n), ctas)
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("reserve_workspace: called while the current stream captures a CUDA graph; reserve "
+                           "before capturing (at load)")
+    _split_buffers(dev, *need)
+    return sum(need) * 4
 
 
 # torch.cuda.current_stream(dev).cuda_stream without building the Stream object (~2 us a call);

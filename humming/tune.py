@@ -119,7 +119,9 @@ def get_heuristics_config(
     """Rows ``[(min_m, max_m, config), ...]`` covering every M, or the one config for ``shape_m``.
 
     ``config["block_shape"] = [block_m, block_n, 64]`` and ``config["schedule"]`` is the Chord
-    schedule id for that range of routed rows.
+    schedule id for that range of routed rows. The rows call (``shape_m`` None, once per layer at
+    init) also reserves the split-K workspaces of the rows on ``device`` (default: the current
+    CUDA device; none without one): humming._chord.reserve_workspaces.
     """
     invariant = check_compute_flags(use_f16_accum, use_batch_invariant)
     if isinstance(layer_config, dict):
@@ -127,7 +129,8 @@ def get_heuristics_config(
     if not isinstance(layer_config, LayerConfig):
         raise TypeError(f"layer_config must be a humming LayerConfig, got {type(layer_config).__name__}")
     rows = _rows(layer_config, family_for(gemm_type, layer_config), invariant)
-    if shape_m is None:
+    if shape_m is None:  # once per layer at init: the split rows' workspaces are sized here
+        _chord.reserve_workspaces(rows, layer_config.shape_n, layer_config.kernel_experts, device)
         return [(lo, hi, copy.deepcopy(cfg)) for lo, hi, cfg in rows]
     return copy.deepcopy(row_for(rows, int(shape_m)))
 

@@ -397,3 +397,38 @@ def test_cpu_tensors_without_reference_backend_get_a_clear_error():
 
     with pytest.raises(ValueError, match="CUDA tensors"):
         _chord.gemm_contiguous(torch.zeros(1, 64, dtype=torch.bfloat16), None, None, None, None, "x")
+
+
+def test_layer_rows_reserve_the_split_rows_workspaces_at_init(monkeypatch):
+    """get_heuristics_config's rows call (once per layer, at vLLM's expert init) sizes the split-K
+    workspace of every row up to its max_m on the layer's device; the open last row and the
+    masked family are left to grow on first need; without a CUDA device nothing is reserved."""
+    import torch
+
+    from chord import ops
+    from chord.schedule import Schedule
+    from humming.config import GemmType, LayerConfig
+    from humming.tune import get_heuristics_config
+
+    calls = []
+    monkeypatch.setattr(ops, "reserve_workspace",
+                        lambda sched, n, rows, e, device=None: calls.append((sched, n, rows, e, device)) or 7)
+    cfg = LayerConfig(shape_n=512, shape_k=7168, num_experts=384)  # TP8 gate_up: a split-K row at 1 token
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rows = get_heuristics_config(layer_config=cfg, gemm_type=GemmType.INDEXED)
+    assert not calls  # no CUDA device: nothing to reserve
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert get_heuristics_config(layer_config=cfg, gemm_type=GemmType.INDEXED) == rows
+    closed = [(cfg_["schedule"], hi) for _, hi, cfg_ in rows if hi < 2**31 - 1]
+    assert [(c[0], c[2]) for c in calls] == closed and all(c[1] == 512 and c[3] == 384 for c in calls)
+    assert all(c[4] == torch.device("cuda", 0) for c in calls)
+    assert any(Schedule.from_id(s).split_k > 1 for s, _ in closed)  # the row that needs it is among them
+    calls.clear()
+    get_heuristics_config(layer_config=LayerConfig(shape_n=4096, shape_k=7168, num_experts=48),
+                          gemm_type=GemmType.GROUPED_MASKED)
+    assert not calls
+    get_heuristics_config(layer_config=cfg, gemm_type=GemmType.INDEXED, shape_m=4)  # one config: no reservation
+    assert not calls
+    get_heuristics_config(layer_config=cfg, gemm_type=GemmType.INDEXED, device="cpu")
+    assert not calls

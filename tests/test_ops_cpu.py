@@ -375,3 +375,59 @@ def test_a_capturing_stream_takes_a_spare_split_k_pair(monkeypatch):
     capturing["on"], stream["id"] = False, 11
     ops._split_buffers(cpu, 1 << 30, 10)  # over the spare limit: grows, keeps no spare that large
     assert all(p[0].numel() < (1 << 30) for p in ops._split_spares[0])
+
+
+def test_reserve_workspace_sizes_what_the_largest_call_of_its_range_asks_for(monkeypatch):
+    """Load time (humming.tune.get_heuristics_config): the split-K buffers of a row up to its
+    max rows are allocated ahead, as large as the largest call of the range asks for (the grid
+    the op launches for vLLM's sorted_ids of that many routes), so no call in range allocates."""
+    from chord import routing
+
+    asked = []
+    monkeypatch.setattr(ops, "_split_buffers", lambda dev, floats, tiles: asked.append((dev, floats, tiles)) or (1, 2))
+    monkeypatch.setattr(ops, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    s = Schedule.from_id("idx-m8n64k64-w4-s8-c1-sk8")
+    e, n = 384, 512
+    got = ops.reserve_workspace(s, n, 31, e, device="cuda:0")
+    (dev, floats, tiles), = asked
+    assert dev == torch.device("cuda:0") and got == (floats + tiles) * 4
+    for routes in (1, 8, 16, 31):  # what the op asks for at each size of the range (its grid: sorted_ids // block_m)
+        blocks = routing.sorted_ids_capacity(routes, 8, e) // 8
+        need = ops._split_need(s, blocks, s.grid_n(n))
+        assert need[0] <= floats and need[1] <= tiles, routes
+    assert (floats, tiles) == ops._split_need(s, routing.sorted_ids_capacity(31, 8, e) // 8, s.grid_n(n))
+    # contiguous: the per-expert tile bound; masked: every expert's tiles; stream-K: one wave of CTAs
+    asked.clear()
+    sc = Schedule("grouped_contiguous", 16, 128, 4, 4, 1, split_k=4)
+    ops.reserve_workspace(sc, 1024, 100, 8, device="cuda:0")
+    assert asked[-1][1:] == ops._split_need(sc, -(-100 // 16) + 8, 1024 // 128)
+    sm = Schedule("grouped_masked", 16, 128, 4, 4, 1, split_k=2)
+    ops.reserve_workspace(sm, 1024, 40, 8, device="cuda:0")
+    assert asked[-1][1:] == ops._split_need(sm, 8 * 3, 1024 // 128)
+    sk = Schedule.from_id("idx-m8n64k64-w4-s8-c1-stk1")
+    ops.reserve_workspace(sk, n, 31, e, device="cuda:0")
+    assert asked[-1][1] == 132 * sk.ctas_per_sm * 2 * 8 * 64
+    # no split, no rows: nothing reserved, no device touched
+    asked.clear()
+    assert ops.reserve_workspace("idx-m8n64k64-w4-s8-c1", n, 31, e) == 0
+    assert ops.reserve_workspace(s, n, 0, e) == 0 and not asked
+
+
+def test_reserve_workspace_refuses_bad_arguments_by_name(monkeypatch):
+    s = "idx-m8n64k64-w4-s8-c1-sk8"
+    for kw, word in ((dict(schedule=3), "schedule"), (dict(n=0), "n"), (dict(rows=-1), "rows"),
+                     (dict(rows=1.5), "rows"), (dict(num_experts=0), "num_experts"),
+                     (dict(routed_experts=0), "routed_experts"), (dict(device="cpu"), "device")):
+        args = dict(schedule=s, n=512, rows=8, num_experts=384)
+        args.update(kw)
+        with pytest.raises((ValueError, TypeError), match=word):
+            ops.reserve_workspace(**args)
+    with pytest.raises(ValueError, match="limit 256 MiB"):  # bounded, as the call itself is
+        monkeypatch.setattr(ops, "_sm_count", lambda dev: 132)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        ops.reserve_workspace(s, 7168 * 8, 1 << 20, 384, device="cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="captures a CUDA graph"):
+        ops.reserve_workspace(s, 512, 8, 384, device="cuda:0")

@@ -167,6 +167,28 @@ def test_split_k_on_two_streams_at_once():
         assert same_bits(outs[0][i], outs[0][0]) and same_bits(outs[1][i], outs[1][0]), i
 
 
+def test_a_reserved_workspace_serves_every_call_of_its_range():
+    """ops.reserve_workspace (what humming's tuning rows call at layer init) allocates the split-K
+    buffers of the largest call of its range up front: calls up to that size on the stream make
+    no buffer of their own, and compute right."""
+    e, top_k = 16, 2
+    q, w = experts(e, 512, 2048, seed=9)
+    s = Schedule("indexed", 8, 64, 4, 8, 2, split_k=8)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        assert ops.reserve_workspace(s, 512, 12 * top_k, e) > 0
+        key = (torch.cuda.current_device(), stream.cuda_stream)
+        ws, cnt = ops._split_ws[key]
+        for m in (1, 5, 12):
+            r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=m, device="cuda"), 8, e)
+            x = torch.randn(m, 2048, device="cuda").bfloat16()
+            out = poisoned(m * top_k, 512)
+            ops.gemm_indexed(x, w, r, top_k=top_k, out=out, schedule=s, check_routing=False)
+            assert ops._split_ws[key][0] is ws and ops._split_ws[key][1] is cnt, m
+            assert rel_err(out, reference.indexed_gemm_ref(x, q, None, r, top_k)) < BF16_TOL, m
+    stream.synchronize()
+
+
 @pytest.mark.parametrize("sched", profile_rule_schedules(), ids=lambda s: s.id)
 def test_every_profile_schedule_is_deterministic(sched):
     """Same inputs, same bits, run after run (split-K included: its fix-up sums in z order)."""
