@@ -226,15 +226,17 @@ def _use_reference(x) -> bool:
 def load_ops() -> None:
     """Import chord.ops (registers torch.ops.chord.*) and bind its raw entry points: the custom ops
     under torch.compile, the checked implementation in eager mode (the dispatcher round trip alone
-    costs ~30 us of host time per call). Called when humming.forward is imported, not at `import humming`."""
-    global _RAW
+    costs ~30 us of host time per call), and chord.launch's plans for humming_forward's fast path
+    (try_planned_*). Called when humming.forward is imported, not at `import humming`."""
+    global _RAW, _PLANNED, _TAGS
     if _RAW is None:
-        from chord import ops
+        from chord import launch, ops
 
         # vLLM builds the routing on the device: trusted as upstream Humming trusts it (no host
         # read per call; the kernels stay in bounds whatever the values, see chord.ops).
         _RAW = tuple(functools.partial(f, check_routing=False)
                      for f in (ops.gemm_indexed_raw, ops.gemm_contiguous_raw, ops.gemm_masked_raw))
+        _PLANNED, _TAGS = launch.try_launch, (launch.INDEXED, launch.CONTIGUOUS, launch.MASKED)
 
 
 def _raw_ops():
@@ -244,6 +246,28 @@ def _raw_ops():
 
 
 _RAW = None
+
+
+def try_planned_indexed(schedule: str, top_k: int, block_m: int, x, qweight, scales, sorted_ids, expert_ids,
+                        num_tokens_post_padded, out) -> bool:
+    """gemm_indexed through a launch plan of chord.ops (chord.launch: the C path of a repeated call
+    with the same tensor metadata; routing trusted as in gemm_indexed). False: no plan, call
+    gemm_indexed. Needs load_ops() first (humming.forward's import)."""
+    return _PLANNED(schedule, _TAGS[0], top_k, block_m, x, qweight, scales, sorted_ids, expert_ids,
+                    num_tokens_post_padded, out)
+
+
+def try_planned_grouped(family: str, schedule: str, x, qweight, scales, expert_layout, out) -> bool:
+    """gemm_contiguous / gemm_masked through a launch plan (as try_planned_indexed)."""
+    return _PLANNED(schedule, _TAGS[2 if family == "grouped_masked" else 1], x, qweight, scales, expert_layout, out)
+
+
+def _no_plan(*args) -> bool:
+    return False
+
+
+_PLANNED = _no_plan  # chord.launch.try_launch once load_ops() ran
+_TAGS = (0, 0, 0)  # chord.launch's family tags: indexed, contiguous, masked
 
 
 def gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,

@@ -141,6 +141,14 @@ def humming_forward(
 
     Argument dtypes, devices and contiguity are checked by the op itself (chord.ops) before launch.
     """
+    if (not torch.compiler.is_compiling() and type(valid_shape_m) is int and valid_shape_m > 0
+            and type(compute_config) is str
+            and type(tuning_config) is str and type(config) is LayerConfig and outputs is not None
+            and zero_point is None and bias is None and weight_scale_2 is None and input_scale is None
+            and input_scale_2 is None and hadamard_block_size is None and _launched(
+                config, inputs, weight, weight_scale, outputs, sorted_ids, expert_ids, num_tokens_padded,
+                expert_layout, top_k, valid_shape_m, compute_config, tuning_config)):
+        return outputs
     if (zero_point is not None or bias is not None or weight_scale_2 is not None or input_scale is not None
             or input_scale_2 is not None or (hadamard_block_size is not None and hadamard_block_size > 1)):
         _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2, hadamard_block_size)
@@ -205,6 +213,28 @@ def humming_forward(
     if through_temp:
         outputs.copy_(out.view(*outputs.shape[:-1], kn)[..., : outputs.shape[-1]])
     return outputs
+
+
+def _launched(config: LayerConfig, inputs, weight, weight_scale, outputs, sorted_ids, expert_ids, num_tokens_padded,
+              expert_layout, top_k: int, valid_shape_m: int, compute_config: str, tuning_config: str) -> bool:
+    """The eager fast path of a repeated call: its tuning row already looked up (_PLANS) and the
+    tensors exactly as given offered to chord's launch plans (chord.launch, csrc/host/launch.c).
+    A plan matches only tensors of the same dtypes, devices, shapes, strides and alignment as a
+    call chord.ops validated and launched, so inputs that humming_forward would pad, make
+    contiguous or reshape, or outputs it would route through a temporary, never match: they miss
+    and take the path below, as do dense layers (their expert layout is made per call). True:
+    launched (or nothing to launch)."""
+    plan = _PLANS.get((compute_config, tuning_config, config.num_experts, config.shape_n, config.shape_k,
+                       valid_shape_m))
+    if plan is None:
+        return False
+    family, schedule, block_m = plan
+    if family == "indexed":
+        return type(top_k) is int and _chord.try_planned_indexed(schedule, top_k, block_m, inputs, weight, weight_scale,
+                                                                 sorted_ids, expert_ids, num_tokens_padded, outputs)
+    if not config.num_experts:  # dense
+        return False
+    return _chord.try_planned_grouped(family, schedule, inputs, weight, weight_scale, expert_layout, outputs)
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, out: torch.Tensor,

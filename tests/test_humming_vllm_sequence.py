@@ -580,6 +580,33 @@ def test_vllm_sequence_gpu_kernels(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case, planned", [("kimi-tp8-indexed", True), ("indexed-ep", True),
+                                           ("grouped-contiguous-ep", True), ("grouped-masked-ep", True),
+                                           ("grouped-contiguous-padded", False), ("indexed-padded-channel", False)])
+def test_repeated_forwards_launch_through_chord_plans(case, planned, monkeypatch):
+    """humming_forward's eager fast path (humming.forward._launched): the second forward of the
+    same shapes (new weights, inputs and buffers) launches through chord's launch plans without
+    humming's Python path, with the same output bits; inputs humming pads (K, N of a padded
+    layer) never match a plan and keep taking the Python path, correct."""
+    from chord import launch
+    from humming import forward
+
+    family, e_local, e_global, hidden, inter, M, top_k, group, entry, scatter = GPU_CASES[case]
+    args = dict(family=family, num_local=e_local, num_global=e_global, hidden=hidden, inter=inter, M=M, top_k=top_k,
+                group_size=group, entry=entry, use_scatter=scatter)
+    launch.fast_launch(True)
+    launch.clear()
+    python_path, real = [], forward._gemm
+    monkeypatch.setattr(forward, "_gemm", lambda *a: python_path.append(1) or real(*a))
+    err1, _, _ = run_scenario("cuda", **args)
+    assert len(python_path) == 2  # gate_up and down: the first calls make the plans
+    err2, _, _ = run_scenario("cuda", **args)
+    torch.cuda.synchronize()
+    assert len(python_path) == (2 if planned else 4), case
+    assert err1 < 1e-2 and err2 == err1, (case, err1, err2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", ["indexed", "grouped_contiguous"])
 def test_batch_invariant_mode_rows_do_not_depend_on_their_batch(family):
     """VLLM_BATCH_INVARIANT=1 through the humming root: a token's MoE output has the same bits
