@@ -55,6 +55,7 @@ class Capture:
     ranges: list  # [{"range", "calls", "gpu_us_per_call", "gpu_us_total"}]
     kernels: list  # [{"kernel", "calls", "gpu_us_per_call", "gpu_us_total"}]
     files: dict  # name -> path written
+    cuda_graph: bool = False  # the pairs were replays of one CUDA graph of the pair (as vLLM decodes)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -96,13 +97,17 @@ def _calls(scenario: str, family: str, suite=None, profile_file: str | None = No
 
 
 def run_calls(scenario: str, family: str, iters: int = 3, suite=None, profile_file: str | None = None,
-              calls=None) -> dict:
+              calls=None, cuda_graph: bool = False) -> dict:
     """Warm-up pair, then `iters` x (gate_up, down) with NVTX on; returns the schedule ids.
     `calls`: (gate_up, down, schedules) already built by _calls (so a profiler around this
-    function sees no input preparation)."""
+    function sees no input preparation). `cuda_graph`: the pair is captured once into a CUDA
+    graph (chord.bench.timing.capture_graph, as `chord bench` times it and vLLM decodes) and
+    the iterations are replays of it: the profile shows the kernels and the gaps between them
+    without host launches (the per-GEMM NVTX ranges are then the capture's, outside the profile)."""
     import torch
 
     from chord import profiling
+    from chord.bench.timing import capture_graph
 
     gate_up, down, schedules = calls if calls is not None else _calls(scenario, family, suite, profile_file)
     was = profiling.nvtx_enabled()
@@ -110,13 +115,22 @@ def run_calls(scenario: str, family: str, iters: int = 3, suite=None, profile_fi
     try:
         gate_up()
         down()
+        if cuda_graph:
+            graph = capture_graph(lambda: (gate_up(), down()))
+            graph.replay()
+
+            def pair():
+                graph.replay()
+        else:
+            def pair():
+                gate_up()
+                down()
         torch.cuda.synchronize()
         torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi: the warm-up stays outside
         try:
-            with profiling.nvtx_range("profile", f"{scenario} {family}"):
+            with profiling.nvtx_range("profile", f"{scenario} {family}{' cuda-graph' if cuda_graph else ''}"):
                 for _ in range(iters):
-                    gate_up()
-                    down()
+                    pair()
                 torch.cuda.synchronize()
         finally:
             torch.cuda.profiler.stop()
@@ -135,7 +149,7 @@ def _gpu_us(evt, self_only: bool = False) -> float:
     return 0.0
 
 
-def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file) -> Capture:
+def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file, cuda_graph: bool = False) -> Capture:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -146,7 +160,7 @@ def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file) 
     profiling.record_function_ranges(True)
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            schedules = run_calls(scenario, family, iters, calls=calls)
+            schedules = run_calls(scenario, family, iters, calls=calls, cuda_graph=cuda_graph)
     finally:
         profiling.record_function_ranges(False)
     trace = out_dir / "trace.json"
@@ -165,9 +179,13 @@ def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file) 
     kernels = merge_rows(kernels, "kernel")
     torch.cuda.synchronize()
     page = timeline.write_html(timeline.from_chrome_trace(trace), out_dir / "timeline.html",
-                               f"chord profile {scenario} {family} (torch.profiler)")
+                               f"chord profile {scenario} {family}{_graph_title(cuda_graph)} (torch.profiler)")
     return Capture(scenario, family, "torch", iters, schedules, ranges, kernels,
-                   {"trace": str(trace), "timeline": str(page)})
+                   {"trace": str(trace), "timeline": str(page)}, cuda_graph)
+
+
+def _graph_title(cuda_graph: bool) -> str:
+    return ", CUDA-graph replays" if cuda_graph else ""
 
 
 NSYS_REPORTS = ("nvtx_sum", "nvtx_gpu_proj_sum", "cuda_gpu_kern_sum", "cuda_gpu_trace", "nvtx_gpu_proj_trace")
@@ -232,9 +250,9 @@ def _planned_schedules(scenario, family, suite, profile_file) -> dict:
     return {"gate_up": s1.id, "down": s2.id}
 
 
-def _self_command(scenario, family, iters, suite, profile_file) -> list[str]:
+def _self_command(scenario, family, iters, suite, profile_file, cuda_graph: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "chord.cli", "profile", "--tool", "none", "--scenario", scenario,
-           "--family", family, "--iters", str(iters)]
+           "--family", family, "--iters", str(iters), *(["--cuda-graph"] if cuda_graph else [])]
     if suite:
         cmd += ["--suite", str(suite)]
     if profile_file:
@@ -288,12 +306,16 @@ def _run(cmd: list[str], log: Path) -> None:
 
 
 def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir: str | Path = "prof-out", *,
-            iters: int = 3, suite=None, profile_file: str | None = None, ncu_set: str = "basic") -> Capture:
-    """Capture `iters` gate_up + down pairs of one suite scenario with `tool` into `out_dir`."""
+            iters: int = 3, suite=None, profile_file: str | None = None, ncu_set: str = "basic",
+            cuda_graph: bool = False) -> Capture:
+    """Capture `iters` gate_up + down pairs of one suite scenario with `tool` into `out_dir`
+    (`cuda_graph`: as replays of one CUDA graph of the pair, run_calls)."""
     if tool not in TOOLS:
         raise ValueError(f"capture: tool must be one of {TOOLS}, got {tool!r}")
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
         raise ValueError(f"capture: iters must be a positive int, got {iters!r}")
+    if not isinstance(cuda_graph, bool):
+        raise ValueError(f"capture: cuda_graph must be a bool, got {cuda_graph!r}")
     import torch
 
     from chord.bench.inputs import scenario_for
@@ -305,16 +327,17 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tool == "torch":
-        cap = _torch_capture(scenario, family, iters, out, suite, profile_file)
+        cap = _torch_capture(scenario, family, iters, out, suite, profile_file, cuda_graph)
     elif tool == "none":
-        schedules = run_calls(scenario, family, iters, suite, profile_file)
-        cap = Capture(scenario, family, "none", iters, schedules, [], [], {})
+        schedules = run_calls(scenario, family, iters, suite, profile_file, cuda_graph=cuda_graph)
+        cap = Capture(scenario, family, "none", iters, schedules, [], [], {}, cuda_graph)
     elif tool == "nsys":
         nsys = _tool_binary("nsys")
         rep = out / "report"
+        # graph replays: each kernel node traced on its own (nsys's default traces a graph as one range)
         _run([nsys, "profile", "-t", "cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-              "--force-overwrite", "true", "-o", str(rep),
-              *_self_command(scenario, family, iters, suite, profile_file)], out / "nsys.log")
+              *(["--cuda-graph-trace=node"] if cuda_graph else []), "--force-overwrite", "true", "-o", str(rep),
+              *_self_command(scenario, family, iters, suite, profile_file, cuda_graph)], out / "nsys.log")
         tables = _nsys_tables(nsys, Path(str(rep) + ".nsys-rep"), out)
         if "cuda_gpu_kern_sum" not in tables:
             raise CaptureError(f"nsys stats wrote no kernel table (see {out / 'nsys-stats.log'}; its importer needs "
@@ -325,25 +348,29 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
         kernels = _nsys_summary_rows(tables["cuda_gpu_kern_sum"], "kernel", False)
         page = timeline.write_html(timeline.from_nsys_traces(tables.get("cuda_gpu_trace"),
                                                              tables.get("nvtx_gpu_proj_trace")),
-                                   out / "timeline.html", f"chord profile {scenario} {family} (Nsight Systems)")
+                                   out / "timeline.html",
+                                   f"chord profile {scenario} {family}{_graph_title(cuda_graph)} (Nsight Systems)")
         cap = Capture(scenario, family, "nsys", iters, _planned_schedules(scenario, family, suite, profile_file),
                       ranges, kernels,
                       {"tool": nsys, "report": str(rep) + ".nsys-rep", "log": str(out / "nsys.log"),
                        "timeline": str(page), "range_table": "nvtx_gpu_proj_sum" if tables.get("nvtx_gpu_proj_sum")
-                       else "nvtx_sum", **{f"stats_{k}": str(v) for k, v in tables.items()}})
+                       else "nvtx_sum", **{f"stats_{k}": str(v) for k, v in tables.items()}}, cuda_graph)
     else:
         ncu = _tool_binary("ncu")
         rep = out / "report"
-        # the warm-up pair's two launches are skipped; then every Chord kernel of the iterations
-        _run([ncu, "--clock-control", "none", "--nvtx", "--kernel-name", "chord_w4a16_kernel", "--launch-skip", "2",
+        # the warm-up pair's two launches are skipped (with cuda_graph also the capture's warm-up pair
+        # and the first replay: ncu profiles a graph's kernel nodes one by one); then every Chord
+        # kernel of the iterations
+        _run([ncu, "--clock-control", "none", "--nvtx", "--kernel-name", "chord_w4a16_kernel", "--launch-skip",
+              "6" if cuda_graph else "2",
               "--launch-count", str(2 * iters), "--set", ncu_set, "--force-overwrite", "-o", str(rep),
-              *_self_command(scenario, family, iters, suite, profile_file)], out / "ncu.log")
+              *_self_command(scenario, family, iters, suite, profile_file, cuda_graph)], out / "ncu.log")
         with (out / "ncu.txt").open("w") as f:
             subprocess.run([ncu, "--import", str(rep) + ".ncu-rep", "--print-summary", "per-kernel"], stdout=f,
                            stderr=subprocess.STDOUT)
         cap = Capture(scenario, family, "ncu", iters, _planned_schedules(scenario, family, suite, profile_file), [], [],
                       {"tool": ncu, "report": str(rep) + ".ncu-rep",
-                                                                    "summary": str(out / "ncu.txt")})
+                                                                    "summary": str(out / "ncu.txt")}, cuda_graph)
     (out / "summary.json").write_text(json.dumps(cap.as_dict(), indent=1) + "\n")
     cap.files["summary"] = str(out / "summary.json")
     return cap

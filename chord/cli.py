@@ -189,13 +189,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     try:
         cap = capture.capture(args.scenario, args.family, args.tool, args.out, iters=args.iters, suite=args.suite,
-                              profile_file=args.profile, ncu_set=args.ncu_set)
+                              profile_file=args.profile, ncu_set=args.ncu_set, cuda_graph=args.cuda_graph)
     except capture.CaptureError as exc:
         print(f"chord profile: {exc}", file=sys.stderr)
         return 2
     if args.tool == "none":
         return 0
-    print(f"chord profile: {cap.scenario} {cap.family}, {cap.iters} x (gate_up + down), tool {cap.tool}")
+    print(f"chord profile: {cap.scenario} {cap.family}, {cap.iters} x (gate_up + down"
+          f"{', one CUDA-graph replay each' if cap.cuda_graph else ''}), tool {cap.tool}")
     for r in cap.ranges:
         print(f"  {r['range']:58s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us GPU per call")
     for r in cap.kernels[:8]:
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--tool", default="torch", choices=TOOLS,
                     help="torch: torch.profiler trace + summary; nsys / ncu: Nsight in a subprocess; none: just run")
     pr.add_argument("--iters", type=int, default=3, help="gate_up + down pairs captured after one warm-up pair")
+    pr.add_argument("--cuda-graph", action="store_true",
+                    help="capture the pair into one CUDA graph and profile its replays (as chord bench times it and "
+                         "vLLM decodes): kernels and the gaps between them without host launches")
     pr.add_argument("--out", default="prof-out", help="output folder (trace.json / report.* and summary.json)")
     pr.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
     pr.add_argument("--profile", default=None, help="profile file (default $CHORD_PROFILE or h200)")

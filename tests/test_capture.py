@@ -18,6 +18,7 @@ def test_expected_ranges_name_the_schedules():
     (dict(tool="perf"), ValueError, "tool must be one of"),
     (dict(iters=0), ValueError, "iters must be a positive int"),
     (dict(iters=True), ValueError, "iters must be a positive int"),
+    (dict(cuda_graph=1), ValueError, "cuda_graph must be a bool"),
 ])
 def test_bad_arguments_are_named(kw, exc, msg, tmp_path):
     with pytest.raises(exc, match=msg):
@@ -109,3 +110,46 @@ def test_a_bad_scenario_is_named_before_the_gpu_check(tmp_path):
         capture.capture("nope", "indexed", out_dir=tmp_path)
     with pytest.raises(ValueError, match="capture: scenario tp8-m1 runs families"):
         capture.capture("tp8-m1", "grouped_contiguous", out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("tool", ["nsys", "ncu"])
+def test_cuda_graph_captures_ask_the_subprocess_and_the_tool_for_graph_replays(tool, monkeypatch, tmp_path):
+    """`chord profile --cuda-graph`: the profiled subprocess replays one graph of the pair; nsys
+    traces each kernel node of it (its default shows a graph launch as one range); ncu skips the
+    capture's warm-up and first replay too."""
+    from chord.cli import build_parser
+
+    ran = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(cmd, log):
+        ran.append(cmd)
+        raise Stop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(capture, "_tool_binary", lambda name: name)
+    monkeypatch.setattr(capture, "_run", fake_run)
+    for graph in (True, False):
+        with pytest.raises(Stop):
+            capture.capture("tp8-m1", "indexed", tool, tmp_path, iters=5, cuda_graph=graph)
+    with_graph, without = ran
+    sub = with_graph[with_graph.index("profile", 2):]
+    assert sub[-1] == "--cuda-graph" and "--cuda-graph" not in without
+    args = build_parser().parse_args(sub)
+    assert args.cuda_graph is True and args.tool == "none" and args.iters == 5
+    if tool == "nsys":
+        assert "--cuda-graph-trace=node" in with_graph and "--cuda-graph-trace=node" not in without
+    else:
+        assert with_graph[with_graph.index("--launch-skip") + 1] == "6" and without[without.index("--launch-skip") + 1] == "2"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_graph_capture_sees_every_replayed_kernel(tmp_path):
+    cap = capture.capture("tp8-m1", "indexed", "torch", tmp_path, iters=4, cuda_graph=True)
+    assert cap.cuda_graph and cap.as_dict()["cuda_graph"] is True
+    assert sum(k["calls"] for k in cap.kernels if "chord" in k["kernel"]) == 8, cap.kernels
+    assert (tmp_path / "timeline.html").exists()
