@@ -30,8 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from chord.formats import PackedExperts
 
 __all__ = ["gemm_indexed", "gemm_contiguous", "gemm_masked", "gemm_indexed_raw", "gemm_contiguous_raw",
-           "gemm_masked_raw", "fused_moe", "silu_and_mul", "check_cuda_sm90", "reserve_workspace",
-           "route_bound_grid"]
+           "gemm_masked_raw", "fused_moe", "silu_and_mul", "check_cuda_sm90", "reserve_workspace"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,35 +154,6 @@ def check_routing(on: bool = True) -> None:
     _check_routing = on
 
 
-# The indexed grid's X from the routes (route_bound_grid): vLLM's sorted_ids are sized for the
-# worst case, routes + E (block_m - 1) ids (TP8 one token: 337 blocks of 8 for 8 routes), but
-# every block below num_tokens_post_padded holds at least one route (moe_align_block_size pads
-# each touched expert to whole blocks; an untouched expert has none), so at most M * top_k
-# blocks can hold work. Launching that many instead of sorted_ids // block_m keeps the grid from
-# dispatching CTAs that only read the padded count and exit (TP8 one token, gate_up: 512
-# instead of 21,568 CTAs). CHORD_ROUTE_BOUND_GRID=0 or route_bound_grid(False): the whole
-# buffer (the ablation). The checked path (check_routing) refuses a padded count of more blocks
-# than routes, which the bound would cut short.
-_route_bound = flag("CHORD_ROUTE_BOUND_GRID", default=True)
-
-
-def route_bound_grid(on: bool = True) -> None:
-    """Switch the indexed grid's bound by the routes (see CHORD_ROUTE_BOUND_GRID); forgets the
-    launch plans, which hold grids."""
-    global _route_bound
-    if not isinstance(on, bool):
-        raise TypeError(f"route_bound_grid(on): on must be a bool, got {type(on).__name__}")
-    _route_bound = on
-    launch.clear()
-
-
-def _indexed_blocks(ids: int, block_m: int, routes: int) -> int:
-    """Token blocks an indexed launch covers: those of `ids` sorted ids, at most `routes` of them
-    while route_bound_grid is on."""
-    blocks = ids // block_m
-    return min(blocks, routes) if _route_bound else blocks
-
-
 def _check_arg(code: int) -> bool | None:
     """The custom ops' int form of check_routing (-1: the global switch, 0: trust, 1: check)."""
     if code not in (-1, 0, 1):
@@ -220,10 +190,6 @@ def _check_indexed_values(fn, sorted_ids, expert_ids, num_tokens_post_padded, nu
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > num_valid):
         raise ValueError(f"{fn}: sorted_ids must lie in [0, {num_valid}] (sentinel {num_valid} = padding) below "
                          f"num_tokens_post_padded, got [{int(ids.min())}, {int(ids.max())}]")
-    if _route_bound and used // block_m > num_valid:
-        raise ValueError(f"{fn}: num_tokens_post_padded={used} makes {used // block_m} blocks of {block_m} for "
-                         f"{num_valid} routes; the launch covers at most one block per route (moe_align_block_size "
-                         "makes no block without a route; CHORD_ROUTE_BOUND_GRID=0 covers the whole buffer)")
 
 
 def _check_offsets_values(fn, expert_offsets, rows):
@@ -330,11 +296,11 @@ def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: in
 def _grid_bound(s: Schedule, family: str, rows: int, num_experts: int, routed_experts: int) -> int:
     """The largest grid_x a call of up to `rows` rows launches (the ops below): indexed, the
     blocks of vLLM's sorted_ids for `rows` routes (chord.routing.sorted_ids_capacity, which grows
-    with the routes; at most `rows` of them, _indexed_blocks); contiguous, the per-expert tile bound; masked, every expert's tiles of
+    with the routes); contiguous, the per-expert tile bound; masked, every expert's tiles of
     `rows` rows each."""
     bm = s.block_m
     if family == "indexed":
-        return _indexed_blocks(routing.sorted_ids_capacity(rows, bm, routed_experts), bm, rows)
+        return routing.sorted_ids_capacity(rows, bm, routed_experts) // bm
     if family == "grouped_contiguous":
         return -(-rows // bm) + num_experts
     return num_experts * -(-rows // bm)
@@ -515,7 +481,7 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
     check_cuda_sm90(x)
     plan = _plan((launch.INDEXED, top_k, block_m, x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded,
                   out), _INDEXED_SLOTS, x, out)
-    num_blocks = _indexed_blocks(sorted_ids.numel(), block_m, x.shape[0] * top_k)
+    num_blocks = sorted_ids.numel() // block_m
     if num_blocks == 0 or x.shape[0] == 0:
         _remember_noop(schedule, plan)
         return

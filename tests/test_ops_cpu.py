@@ -393,11 +393,11 @@ def test_reserve_workspace_sizes_what_the_largest_call_of_its_range_asks_for(mon
     got = ops.reserve_workspace(s, n, 31, e, device="cuda:0")
     (dev, floats, tiles), = asked
     assert dev == torch.device("cuda:0") and got == (floats + tiles) * 4
-    for routes in (1, 8, 16, 31):  # what the op asks for at each size of the range (its grid from sorted_ids)
-        blocks = ops._indexed_blocks(routing.sorted_ids_capacity(routes, 8, e), 8, routes)
+    for routes in (1, 8, 16, 31):  # what the op asks for at each size of the range (its grid: sorted_ids // block_m)
+        blocks = routing.sorted_ids_capacity(routes, 8, e) // 8
         need = ops._split_need(s, blocks, s.grid_n(n))
         assert need[0] <= floats and need[1] <= tiles, routes
-    assert (floats, tiles) == ops._split_need(s, 31, s.grid_n(n))  # 31 routes: at most 31 blocks hold work
+    assert (floats, tiles) == ops._split_need(s, routing.sorted_ids_capacity(31, 8, e) // 8, s.grid_n(n))
     # contiguous: the per-expert tile bound; masked: every expert's tiles; stream-K: one wave of CTAs
     asked.clear()
     sc = Schedule("grouped_contiguous", 16, 128, 4, 4, 1, split_k=4)
@@ -431,34 +431,3 @@ def test_reserve_workspace_refuses_bad_arguments_by_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="captures a CUDA graph"):
         ops.reserve_workspace(s, 512, 8, 384, device="cuda:0")
-
-
-def test_the_indexed_grid_covers_at_most_one_block_per_route(monkeypatch):
-    """route_bound_grid: vLLM sizes sorted_ids for the worst case (TP8 one token: 2696 ids, 337
-    blocks of 8 for 8 routes), but each block below num_tokens_post_padded holds a route, so the
-    launch covers min(blocks, routes); off (the ablation): the whole buffer. The checked path
-    refuses a padded count of more blocks than routes, which the bound would cut short."""
-    from chord import routing
-
-    monkeypatch.setattr(ops, "_route_bound", True)
-    assert ops._indexed_blocks(2696, 8, 8) == 8 and ops._indexed_blocks(2696, 8, 1000) == 337
-    ops.route_bound_grid(False)
-    assert ops._indexed_blocks(2696, 8, 8) == 337
-    ops.route_bound_grid(True)
-    with pytest.raises(TypeError, match="on must be a bool"):
-        ops.route_bound_grid(1)
-    # every routing align_block_size makes satisfies it (an untouched expert has no block)
-    for m, e, top_k, bm in ((1, 384, 8, 8), (3, 8, 2, 16), (40, 16, 4, 8), (7, 64, 6, 32)):
-        r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=m), bm, e)
-        assert int(r.num_tokens_post_padded) // bm <= m * top_k
-        ops._check_indexed_values("gemm_indexed", r.sorted_ids, r.expert_ids, r.num_tokens_post_padded, e, bm,
-                                  m * top_k)
-    ids = torch.full((64,), 2, dtype=torch.int32)
-    ids[::8] = 0  # 8 blocks of one route each, for 2 routes
-    with pytest.raises(ValueError, match="at most one block per route"):
-        ops._check_indexed_values("gemm_indexed", ids, torch.zeros(8, dtype=torch.int32),
-                                  torch.tensor([64], dtype=torch.int32), 8, 8, 2)
-    ops.route_bound_grid(False)  # the whole buffer: nothing to refuse
-    ops._check_indexed_values("gemm_indexed", ids, torch.zeros(8, dtype=torch.int32),
-                              torch.tensor([64], dtype=torch.int32), 8, 8, 2)
-    ops.route_bound_grid(True)

@@ -92,8 +92,7 @@ def main() -> None:
                              r1.num_tokens_post_padded, gu, sc.top_k, s1.block_m, s1.id, check_routing=False)
 
     kernel = jit.kernel_for_schedule(s1)
-    grid = (ops._indexed_blocks(r1.sorted_ids.numel(), s1.block_m, sc.rows * sc.top_k), s1.grid_n(sc.n_gate_up),
-            s1.split_k)
+    grid = (r1.sorted_ids.numel() // s1.block_m, s1.grid_n(sc.n_gate_up), s1.split_k)
     params = jit.pack_gemm_params(
         x=fi.gate_up_in.data_ptr(), qweight=w13.qweight.data_ptr(), scales=w13.scales.data_ptr(), out=gu.data_ptr(),
         sorted_ids=r1.sorted_ids.data_ptr(), expert_ids=r1.expert_ids.data_ptr(),
