@@ -293,15 +293,15 @@ def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: in
     return {"workspace": ws, "counters": cnt}
 
 
-def _grid_bound(s: Schedule, family: str, rows: int, num_experts: int, routed_experts: int) -> int:
+def _grid_bound(s: Schedule, rows: int, num_experts: int, routed_experts: int) -> int:
     """The largest grid_x a call of up to `rows` rows launches (the ops below): indexed, the
     blocks of vLLM's sorted_ids for `rows` routes (chord.routing.sorted_ids_capacity, which grows
     with the routes); contiguous, the per-expert tile bound; masked, every expert's tiles of
     `rows` rows each."""
     bm = s.block_m
-    if family == "indexed":
+    if s.family == "indexed":
         return routing.sorted_ids_capacity(rows, bm, routed_experts) // bm
-    if family == "grouped_contiguous":
+    if s.family == "grouped_contiguous":
         return -(-rows // bm) + num_experts
     return num_experts * -(-rows // bm)
 
@@ -317,22 +317,26 @@ def reserve_workspace(schedule: "str | Schedule", n: int, rows: int, num_experts
     Returns the bytes reserved (0 for a schedule without a split). Bounded: a need above
     256 MiB is refused here, as the call itself would refuse it. Larger calls still grow the
     buffers on first need."""
+    fn = "reserve_workspace"
     s = Schedule.from_id(schedule) if isinstance(schedule, str) else schedule
     if not isinstance(s, Schedule):
-        raise TypeError(f"reserve_workspace: schedule must be a schedule id or a Schedule, got {type(schedule).__name__}")
-    for name, v in (("n", n), ("rows", rows), ("num_experts", num_experts)):
-        if not checks.is_int(v) or v < (0 if name == "rows" else 1):
-            raise ValueError(f"reserve_workspace: {name} must be an int >= {0 if name == 'rows' else 1}, got {v!r}")
-    routed = num_experts if routed_experts is None else routed_experts
-    if not checks.is_int(routed) or routed < 1:
-        raise ValueError(f"reserve_workspace: routed_experts must be an int >= 1, got {routed_experts!r}")
-    if device is not None and torch.device(device).type != "cuda":
-        raise ValueError(f"reserve_workspace: device must be a CUDA device, got {device!r}")
-    if rows == 0 or (s.split_k == 1 and not s.stream_k and not s.queue):
+        checks.fail(fn, "schedule", "be a schedule id or a Schedule", type(schedule).__name__, TypeError)
+    checks.integer(fn, "n", n, min=1)
+    checks.integer(fn, "rows", rows, min=0)
+    checks.integer(fn, "num_experts", num_experts, min=1)
+    routed = num_experts if routed_experts is None else checks.integer(fn, "routed_experts", routed_experts, min=1)
+    try:
+        dev = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+        checks.fail(fn, "device", "be a CUDA device", repr(device))
+    if dev is not None and dev.type != "cuda":
+        checks.fail(fn, "device", "be a CUDA device", repr(device))
+    if _split_need(s, 1, 1, 1) is None or rows == 0:  # no split: nothing to reserve, no device touched
         return 0
-    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    ctas = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) * s.ctas_per_sm
-    need = _split_need(s, _grid_bound(s, s.family, rows, num_experts, routed), s.grid_n(n), ctas)
+    index = torch.cuda.current_device() if dev is None or dev.index is None else dev.index
+    dev = torch.device("cuda", index)
+    need = _split_need(s, _grid_bound(s, rows, num_experts, routed), s.grid_n(n), _sm_count(index) * s.ctas_per_sm)
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("reserve_workspace: called while the current stream captures a CUDA graph; reserve "
                            "before capturing (at load)")

@@ -139,11 +139,10 @@ def select_schedule(family: str, num_experts: int, n: int, k: int, rows: int, to
 
 
 def reserve_workspaces(rows, n: int, num_experts: int, device=None) -> int:
-    """Load time: the split-K / stream-K workspace of every tuning row up to its max_m (routed
-    rows), so that no forward up to that size allocates or zeroes buffers (a CUDA-graph capture
-    takes the zeroed spare). Rows open to any M (the last) and the masked family (its rows per
-    expert are not known here) grow their buffers on first need, bounded in chord.ops. Without a
-    CUDA device nothing is reserved. Returns the bytes reserved."""
+    """Load time: the split-K / stream-K workspace of each (schedule id, max routed rows) in
+    `rows` (chord.ops.reserve_workspace), so no forward up to that size allocates or zeroes
+    buffers (a CUDA-graph capture takes the zeroed spare). Without a CUDA device nothing is
+    reserved. Returns the bytes reserved."""
     import torch
 
     from chord import ops
@@ -151,15 +150,9 @@ def reserve_workspaces(rows, n: int, num_experts: int, device=None) -> int:
     if device is None:
         if not torch.cuda.is_available():
             return 0
-        device = torch.device("cuda", torch.cuda.current_device())
     elif torch.device(device).type != "cuda":
         return 0
-    total = 0
-    for _lo, hi, cfg in rows:
-        if cfg.get("family") == "grouped_masked" or hi >= 2**31 - 1:
-            continue
-        total += ops.reserve_workspace(cfg["schedule"], n, int(hi), num_experts, device=device)
-    return total
+    return sum(ops.reserve_workspace(sid, n, max_rows, num_experts, device=device) for sid, max_rows in rows)
 
 
 def schedule_as_dict(schedule) -> dict:

@@ -130,9 +130,17 @@ def get_heuristics_config(
         raise TypeError(f"layer_config must be a humming LayerConfig, got {type(layer_config).__name__}")
     rows = _rows(layer_config, family_for(gemm_type, layer_config), invariant)
     if shape_m is None:  # once per layer at init: the split rows' workspaces are sized here
-        _chord.reserve_workspaces(rows, layer_config.shape_n, layer_config.kernel_experts, device)
+        _reserve(rows, layer_config, device)
         return [(lo, hi, copy.deepcopy(cfg)) for lo, hi, cfg in rows]
     return copy.deepcopy(row_for(rows, int(shape_m)))
+
+
+def _reserve(rows, layer_config: LayerConfig, device) -> None:
+    """The workspaces of the rows closed above (max_m < MAX_ROWS). Left to grow on first need,
+    bounded in chord.ops: the open last row, and the masked family, whose rows per expert are not
+    known here."""
+    closed = [(cfg["schedule"], hi) for _, hi, cfg in rows if hi < MAX_ROWS and cfg["family"] != "grouped_masked"]
+    _chord.reserve_workspaces(closed, layer_config.shape_n, layer_config.kernel_experts, device)
 
 
 def row_for(rows, shape_m: int) -> dict[str, Any]:
