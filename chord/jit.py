@@ -69,7 +69,8 @@ def render(schedule: "Schedule") -> str:
         loop = (f"chord::WgmmaSwap64<{s.block_m}, {s.block_n}, {s.stages}, {s.wgmma_wait}, {s.producer}, {s.warps}, "
                 f"{s.group_steps}, {s.bulk_w}, {s.tma_x}>")
     else:
-        loop = f"chord::MmaSwap16<{s.block_m}, {s.block_n}, {s.warps}, {s.stages}, {'true' if s.swap else 'false'}>"
+        loop = (f"chord::MmaSwap16<{s.block_m}, {s.block_n}, {s.warps}, {s.stages}, {'true' if s.swap else 'false'}"
+                + (", true>" if s.fold else ">"))
     cluster = f"__cluster_dims__(1, {s.cluster_n}, 1) " if s.cluster_n > 1 else ""
     offsets = "".join(
         f"static_assert(offsetof(chord::GemmParams, {name}) == {off}, \"GemmParams.{name}: csrc and chord.jit disagree\");\n"

@@ -74,7 +74,8 @@ class Optimization:
         if self.knob == "swap":
             # tokens on the M side come in 16-row MMA tiles: an 8-row tile becomes a 16-row one (an
             # indexed call then needs routing for that block size)
-            return override(schedule, swap=off, block_m=-(-schedule.block_m // 16) * 16)
+            # (folded scales need the swap: they go off with it)
+            return override(schedule, swap=off, block_m=-(-schedule.block_m // 16) * 16, fold=KNOB["fold"].default)
         return override(schedule, **{self.knob: off})
 
 
@@ -169,6 +170,13 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "8-token tiles; off: tokens on M in 16-row tiles (an 8-row tile grows to 16) and the same weight "
                  "registers as two n8 B operands",
                  "knob", "swap", IMPLEMENTED, "03_decode_operand_swap"),
+    Optimization("folded group scales",
+                 "mma loop, operand swap: the weights enter the MMA as their exact bf16 codes 128 + u; each 32-K "
+                 "group's fp32 partial sum starts from -136 * sum(x) (one MMA of a constant per token tile, "
+                 "shared by the warp's weight tiles) and is scaled once per output element (FFMA), instead of "
+                 "HSUB2 + HMUL2 on every dequantized bf16 pair (decode loop body: 332 -> 268 SASS instructions "
+                 "per K block at 8 x 256); off: bias and scale on the bf16 pairs",
+                 "knob", "fold", IMPLEMENTED, "03_decode_operand_swap"),
     Optimization("wave-aware BN",
                  "BN=256 only when its tiles fill whole waves of the SMs (at least one wave and >= 90 % of the "
                  "last), else 128; off: BN=128",

@@ -154,6 +154,12 @@ KNOBS: tuple[Knob, ...] = (
          "item is blockIdx.x, every later one is claimed with an atomic counter (p.counters, reset by the "
          "grid's last CTA), so CTAs that finish early take the remaining items", off=1,
          requires=(("persistent", 1),)),
+    Knob("fold", "fo", 0, (0, 1), "FOLD",
+         "mma, operand swap: 1 = the int4 code bias and the group scale are applied to fp32 partial sums, once "
+         "per 32-K group and output element: the weights enter the MMA as the exact bf16 codes 128 + u, each "
+         "group's partial starts from -136 * sum(x) (one MMA per token tile shared by the warp's weight tiles) "
+         "and acc += scale * partial; 0 = bias and scale applied to every dequantized bf16 pair (HSUB2 + HMUL2)",
+         off=0, requires=(("mainloop", "mma"), ("swap", 1))),
 )
 KNOB = {k.name: k for k in KNOBS}
 
@@ -184,6 +190,7 @@ class Schedule:
     pdl: int = 0  # programmatic dependent launch (griddepcontrol; launched with programmatic serialization)
     stream_k: int = 0  # mma, indexed: ~one wave of CTAs splits the valid (tile, K block) units evenly
     queue: int = 0  # persistent: 0 = the static walk (semi-static slicing), 1 = items claimed from a work queue
+    fold: int = 0  # mma, swap: bias and group scale applied to fp32 group partial sums (0: to every bf16 pair)
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -282,8 +289,11 @@ class Schedule:
         if self.tma_x and self.family == "indexed":
             raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
                              "gathers its rows")
+        if self.fold and (wg or self.swap != 1):
+            raise ValueError(f"fold=1 needs mainloop mma with the operand swap (swap=1), got mainloop={self.mainloop}, "
+                             f"swap={self.swap}")
         for name in ("ctas_per_sm", "split_k", "wgmma_wait", "producer", "group_steps", "raster", "swap", "n_tiles",
-                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n", "pdl", "stream_k", "queue"):
+                     "stmatrix", "persistent", "bulk_w", "tma_x", "cluster_n", "pdl", "stream_k", "queue", "fold"):
             knob = KNOB[name]
             if getattr(self, name) not in knob.legal:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, knob.legal))}, got {getattr(self, name)}")
@@ -363,7 +373,7 @@ _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2][-pd1][-stk1]")
+        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2][-pd1][-stk1][-fo1]")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):

@@ -106,6 +106,9 @@ def candidates(family: str, n: int, rows_per_expert: float,
     2026-12-01, chord/bench/results/2026-12-01-h200-tuning-ep8decode-tp8-ntiles.json.)"""
     out = _one_tile_candidates(family, n, rows_per_expert, mainloops)
     out += [v for s in out for v in _pair_and_tma_variants(family, n, rows_per_expert, s)]
+    # folded group scales on the 8-token mma tiles, where they save most instructions per weight
+    # (docs/optimizations.md: -1.4 to -3 % on EP8-decode gate_up, +2-4 % on TP8 one / 16 tokens)
+    out += [dataclasses.replace(s, fold=1) for s in list(out) if s.mainloop == "mma" and s.block_m == 8 and s.swap == 1]
     if k is not None and k // 64 <= SHORT_K_BLOCKS:
         for s in list(out):
             if s.split_k != 1 or s.producer or s.cluster_n != 1:

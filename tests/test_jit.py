@@ -23,6 +23,8 @@ def test_render_composes_family_mainloop_and_knobs():
     assert "MmaSwap16<8, 64, 4, 8, true>, 4, 0, 1, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
     assert "MmaSwap16<8, 128, 4, 6, true>, 1, 0, 4, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4))
     assert "MmaSwap16<16, 256, 4, 8, false>, 1, 0, 1, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 16, 256, 4, 8, 1, swap=0))
+    # folded group scales: the main loop's FOLD slot (after SWAP), left out when off
+    assert "MmaSwap16<8, 256, 4, 8, true, true>, 1, 0, 1, true" in jit.render(Schedule("indexed", 8, 256, 4, 8, 1, fold=1))
     assert "__launch_bounds__(128, 2)" in src and s.id in src
     # the epilogue's fragment stores: stmatrix.trans by default, one 16-bit store per value off
     assert "true>, 1, 0, 1, false, 0, 1, false, false>" in jit.render(Schedule("grouped_masked", 16, 128, 4, 6, 2, stmatrix=0))

@@ -389,3 +389,17 @@ def test_stream_k_knob():
     assert Schedule.from_id("idx-m16n64k64-w4-s8-c1-swap0-stk1").swap == 0  # the swap's ablation applies
     on, off = jit.render(s), jit.render(Schedule.from_id("idx-m8n64k64-w4-s8-c1-pd1"))
     assert "1, true, true>;" in on and "1, true, false>;" in off  # (..., CLUSTER_N, PDL, STREAMK)
+
+
+def test_fold_knob_id_and_refusals():
+    """fold (folded group scales) belongs to the mma loop with the operand swap; named when misused."""
+    s = Schedule.from_id("idx-m8n256k64-w4-s8-c1-fo1")
+    assert s.fold == 1 and s.id == "idx-m8n256k64-w4-s8-c1-fo1"
+    assert Schedule.from_id("idx-m8n256k64-w4-s8-c1").fold == 0  # off leaves no trace in the id
+    assert Schedule.from_id("idx-m8n64k64-w4-s8-c1-sk8-fo1").split_k == 8
+    with pytest.raises(ValueError, match="fold=1 needs mainloop mma"):
+        Schedule("indexed", 16, 128, 8, 4, 1, mainloop="wgmma", fold=1)
+    with pytest.raises(ValueError, match="fold=1 needs mainloop mma with the operand swap"):
+        Schedule("indexed", 16, 128, 4, 4, 1, swap=0, fold=1)
+    with pytest.raises(ValueError, match="fold must be one of 0, 1"):
+        Schedule("indexed", 8, 128, 4, 4, 1, fold=2)

@@ -1,4 +1,5 @@
 """`chord tune` host logic: candidate spaces and turning measured points into a profile."""
+import dataclasses
 import json
 
 import pytest
@@ -160,3 +161,12 @@ def test_timing_arguments_are_checked_before_any_gpu_work():
         tune_suite(None, "ep8-decode-tok1", warmup_ms=float("nan"))
     with pytest.raises(ValueError, match="rep_ms must be a positive number"):
         time_schedules("ep8-decode-tok1", "indexed", "gate_up", ["idx-m8n256k64-w4-s8-c1"], rep_ms=float("inf"))
+
+
+def test_fold_candidates_are_the_8_token_mma_tiles():
+    c = tune.candidates("indexed", 4096, 1.0)
+    folded = [s for s in c if s.fold]
+    assert folded and all(s.mainloop == "mma" and s.block_m == 8 and s.swap == 1 for s in folded)
+    assert {dataclasses.replace(s, fold=0) for s in folded} <= set(c)  # each next to its unfolded twin
+    assert not any(s.fold for s in tune.candidates("indexed", 7168, 512))
+

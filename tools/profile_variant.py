@@ -42,22 +42,34 @@ def parse_sets(items: list[str]) -> dict:
     return out
 
 
+def applies(rule: dict, name: str) -> bool:
+    """Whether knob `name` applies to a profile rule: the knobs it requires (KNOB[name].requires,
+    e.g. fold on the mma loop with the operand swap) have their values there (absent = default)."""
+    return all(rule.get(k, KNOB[k].default) == v for k, v in KNOB[name].requires)
+
+
 def variant(profile: str, sets: dict) -> dict:
+    """The profile with `sets` on every rule; a knob that does not apply to a rule (its main loop)
+    leaves that rule as it is, and the rule's `why` says so."""
     data = json.loads(_profile_path(profile).read_text())
-    note = ", ".join(f"{k}={v}" for k, v in sets.items())
     for dep in data["deployments"].values():
         for rules in dep["families"].values():
             for rule in rules:
-                rule.update(sets)
-                rule["why"] = f"variant ({note}, tools/profile_variant.py) of: {rule.get('why', '')}"
-    data["about"] = f"{data.get('about', '')} [variant: {note} on every rule]".strip()
+                on = {k: v for k, v in sets.items() if applies(rule, k)}
+                rule.update(on)
+                note = ", ".join(f"{k}={v}" for k, v in on.items()) or "none"
+                skipped = "".join(f"; {k} does not apply here" for k in sets if k not in on)
+                rule["why"] = f"variant ({note}{skipped}, tools/profile_variant.py) of: {rule.get('why', '')}"
+    note = ", ".join(f"{k}={v}" for k, v in sets.items())
+    data["about"] = f"{data.get('about', '')} [variant: {note} on every rule it applies to]".strip()
     return data
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200", help="profile to start from (name or path; default h200)")
-    ap.add_argument("--set", action="append", required=True, metavar="KNOB=VALUE", help="knob value for every rule")
+    ap.add_argument("--set", action="append", required=True, metavar="KNOB=VALUE",
+                    help="knob value for every rule it applies to")
     ap.add_argument("--out", type=Path, required=True, help="where to write the variant (a .json path)")
     a = ap.parse_args(argv)
     try:

@@ -24,4 +24,13 @@ __device__ __forceinline__ void dequant_swap16(uint32_t word, __nv_bfloat162 s_l
   }
 }
 
+// The folded path (MmaSwap16<..., FOLD = true>): the same A registers holding the bf16 values
+// 128 + u (exact) with neither the bias nor the scale applied. The MMA of a 32-K scale group then
+// starts from -136 * sum(x) (an MMA of the constant -136 with the group's activations) so its
+// fp32 partial sum is sum((u - 8) * x) = sum(q * x), and the scale multiplies that partial sum once.
+__device__ __forceinline__ void codes_swap16(uint32_t word, uint32_t (&regs)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) regs[j] = lop3_and_or(word >> (4 * j), 0x000F000Fu, 0x43004300u);
+}
+
 }  // namespace chord

@@ -18,8 +18,11 @@
 
 namespace chord {
 
-template <int BT, int BN, int WARPS, int STAGES, bool SWAP = true>
+template <int BT, int BN, int WARPS, int STAGES, bool SWAP = true, bool FOLD = false>
 struct MmaSwap16 {
+  // FOLD: the code bias and the group scale are applied to fp32 partial sums, once per 32-K group
+  // and output element, instead of to every dequantized bf16 pair (compute_stage_folded).
+  static_assert(!FOLD || SWAP, "mma main loop: FOLD needs the operand swap (weights on the MMA M side)");
   static_assert(BT % 8 == 0 && BT >= 8 && BT <= 128, "mma main loop: BT multiple of 8 in [8, 128]");
   static_assert(SWAP || BT % 16 == 0, "unswapped mma main loop: BT multiple of 16 (tokens on the M side)");
   static constexpr bool kSwapped = SWAP;  // the accumulator layout the epilogue reads (moe/epilogue.cuh)
@@ -87,8 +90,71 @@ struct MmaSwap16 {
     }
   }
 
+  // FOLD: per 32-K scale group h, bias[i] = -136 * sum_k x (an MMA of the constant -136 with the
+  // group's activation fragments, once per token tile for all of the warp's weight tiles); each
+  // weight tile's group partial starts from it, takes the raw codes 128 + u as its A operand
+  // (exact bf16) and ends as sum(q * x) in fp32, and acc += scale * partial. The weights' rows g /
+  // g+8 (acc elements 0-1 / 2-3) take the low / high scale of the pair.
+  __device__ __forceinline__ static void compute_stage_folded(const uint8_t* st, Acc& acc) {
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const uint4* sw = reinterpret_cast<const uint4*>(st);
+    const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
+    const uint8_t* sx = st + kWBytes + kSBytes;
+
+    uint4 words[kNTW];
+    uint2 scl[kNTW];
+#pragma unroll
+    for (int j = 0; j < kNTW; ++j) {
+      const int t = warp * kNTW + j;
+      words[j] = sw[t * 32 + lane];
+      scl[j] = ss[t * 8 + lane / 4];
+    }
+    const uint32_t neg_bias[4] = {0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u};  // -136.0
+    const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t b[kTT][4];
+      float bias[kTT][4];
+#pragma unroll
+      for (int i = 0; i < kTT; ++i) {
+        const int r = i * 8 + (lane & 7);
+        const int ch = 4 * h + (lane >> 3);
+        ldmatrix_x4(b[i], sx + r * 128 + ((ch ^ (r & 7)) * 16));
+        mma_bf16_m16n8k16_c(bias[i], neg_bias, b[i][0], b[i][1], zero);
+        mma_bf16_m16n8k16(bias[i], neg_bias, b[i][2], b[i][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < kNTW; ++j) {
+        const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
+        const float s_lo = __low2float(sp);
+        const float s_hi = __high2float(sp);
+        const uint32_t w0 = h == 0 ? words[j].x : words[j].z;
+        const uint32_t w1 = h == 0 ? words[j].y : words[j].w;
+        uint32_t a0[4], a1[4];
+        codes_swap16(w0, a0);
+        codes_swap16(w1, a1);
+#pragma unroll
+        for (int i = 0; i < kTT; ++i) {
+          float part[4];
+          mma_bf16_m16n8k16_c(part, a0, b[i][0], b[i][1], bias[i]);
+          mma_bf16_m16n8k16(part, a1, b[i][2], b[i][3]);
+          acc[j][i][0] = fmaf(s_lo, part[0], acc[j][i][0]);
+          acc[j][i][1] = fmaf(s_lo, part[1], acc[j][i][1]);
+          acc[j][i][2] = fmaf(s_hi, part[2], acc[j][i][2]);
+          acc[j][i][3] = fmaf(s_hi, part[3], acc[j][i][3]);
+        }
+      }
+    }
+  }
+
   // The MMAs of one landed ring stage `st` (weights, scales, activations of one K block) into acc.
   __device__ __forceinline__ static void compute_stage(const uint8_t* st, Acc& acc) {
+    if constexpr (FOLD) {
+      compute_stage_folded(st, acc);
+      return;
+    }
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const uint4* sw = reinterpret_cast<const uint4*>(st);
