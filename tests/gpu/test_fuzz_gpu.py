@@ -85,6 +85,9 @@ def fuzz_pool(family: str) -> list[Schedule]:
                 except ValueError:
                     continue
                 pool[v.id] = v
+        if s.mainloop == "mma" and s.swap == 1 and s.block_m == 8:  # folded group scales (no rule uses them)
+            fo = override(s, fold=1)
+            pool[fo.id] = fo
         if s.mainloop == "mma" and family == "indexed":
             try:  # the same tile as a stream-K grid (split-K and n_tiles give way)
                 v = override(s, stream_k=1, split_k=1, n_tiles=1, raster=0, cluster_n=1)
