@@ -90,26 +90,32 @@ struct MmaSwap16 {
     }
   }
 
-  // FOLD: per 32-K scale group h, bias[i] = -136 * sum_k x (an MMA of the constant -136 with the
-  // group's activation fragments, once per token tile for all of the warp's weight tiles); each
-  // weight tile's group partial starts from it, takes the raw codes 128 + u as its A operand
-  // (exact bf16) and ends as sum(q * x) in fp32, and acc += scale * partial. The weights' rows g /
-  // g+8 (acc elements 0-1 / 2-3) take the low / high scale of the pair.
-  __device__ __forceinline__ static void compute_stage_folded(const uint8_t* st, Acc& acc) {
+  // A warp's swap16 words and scale pairs of one landed ring stage `st` (its kNTW weight tiles).
+  __device__ __forceinline__ static void load_weight_fragments(const uint8_t* st, uint4 (&words)[kNTW],
+                                                               uint2 (&scl)[kNTW]) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const uint4* sw = reinterpret_cast<const uint4*>(st);
     const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
-    const uint8_t* sx = st + kWBytes + kSBytes;
-
-    uint4 words[kNTW];
-    uint2 scl[kNTW];
 #pragma unroll
     for (int j = 0; j < kNTW; ++j) {
       const int t = warp * kNTW + j;
       words[j] = sw[t * 32 + lane];
       scl[j] = ss[t * 8 + lane / 4];
     }
+  }
+
+  // FOLD: per 32-K scale group h, bias[i] = -136 * sum_k x (an MMA of the constant -136 with the
+  // group's activation fragments, once per token tile for all of the warp's weight tiles); each
+  // weight tile's group partial starts from it, takes the raw codes 128 + u as its A operand
+  // (exact bf16) and ends as sum(q * x) in fp32, and acc += scale * partial. The weights' rows g /
+  // g+8 (acc elements 0-1 / 2-3) take the low / high scale of the pair.
+  __device__ __forceinline__ static void compute_stage_folded(const uint8_t* st, Acc& acc) {
+    uint4 words[kNTW];
+    uint2 scl[kNTW];
+    load_weight_fragments(st, words, scl);
+    const int lane = threadIdx.x % 32;
+    const uint8_t* sx = st + kWBytes + kSBytes;
     const uint32_t neg_bias[4] = {0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u};  // -136.0
     const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 
@@ -151,24 +157,11 @@ struct MmaSwap16 {
 
   // The MMAs of one landed ring stage `st` (weights, scales, activations of one K block) into acc.
   __device__ __forceinline__ static void compute_stage(const uint8_t* st, Acc& acc) {
-    if constexpr (FOLD) {
-      compute_stage_folded(st, acc);
-      return;
-    }
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    const uint4* sw = reinterpret_cast<const uint4*>(st);
-    const uint2* ss = reinterpret_cast<const uint2*>(st + kWBytes);
-    const uint8_t* sx = st + kWBytes + kSBytes;
-
     uint4 words[kNTW];
     uint2 scl[kNTW];
-#pragma unroll
-    for (int j = 0; j < kNTW; ++j) {
-      const int t = warp * kNTW + j;
-      words[j] = sw[t * 32 + lane];
-      scl[j] = ss[t * 8 + lane / 4];
-    }
+    load_weight_fragments(st, words, scl);
+    const int lane = threadIdx.x % 32;
+    const uint8_t* sx = st + kWBytes + kSBytes;
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // two 32-wide halves = two scale groups
@@ -218,7 +211,11 @@ struct MmaSwap16 {
     const int next = g + STAGES - 1;
     if (next < total) load_next(next % STAGES);
     cp_async_commit();
-    compute_stage(smem + (g % STAGES) * kStageBytes, acc);
+    if constexpr (FOLD) {
+      compute_stage_folded(smem + (g % STAGES) * kStageBytes, acc);
+    } else {
+      compute_stage(smem + (g % STAGES) * kStageBytes, acc);
+    }
   }
 
   // Accumulates K blocks [kb_begin, kb_end) of expert `expert` for NTILES consecutive N blocks
