@@ -91,7 +91,7 @@ def _calls(scenario: str, family: str, suite=None, profile_file: str | None = No
     from chord.schedule import gpu_profile_name
 
     sc, w13, w2, data, fi = I.one_scenario(suite, scenario, family, seed, "cuda", who="capture")
-    prof = ChordAPI.profile(profile_file or gpu_profile_name(), sc.profile_deployment)
+    prof = ChordAPI.profile(profile_file or gpu_profile_name(), sc)
     gate_up, down, _gu, _dn, info = _chord_calls(family, sc, data, fi, w13, w2, prof)
     return gate_up, down, {"gate_up": info["schedule_gate_up"], "down": info["schedule_down"]}
 
@@ -246,7 +246,7 @@ def _planned_schedules(scenario, family, suite, profile_file) -> dict:
     from chord.schedule import gpu_profile_name
 
     sc = I.scenario_for(suite, scenario, family, who="capture")
-    s1, s2 = scenario_schedules(family, sc, ChordAPI.profile(profile_file or gpu_profile_name(), sc.profile_deployment))
+    s1, s2 = scenario_schedules(family, sc, ChordAPI.profile(profile_file or gpu_profile_name(), sc))
     return {"gate_up": s1.id, "down": s2.id}
 
 

@@ -127,6 +127,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
         name = gpu_profile_name()
         pf = load_profile_file(name)
         line("profiles", f"{profiles_dir()} (in use: {name} = {pf.path}: {', '.join(sorted(pf.deployments))})")
+        from chord import deployments as D
+
+        line("role", f"{D.current_role()} (CHORD_ROLE: decode | prefill | both)")
+        line("deployment", D.explicit_deployment() or "by weight shape (CHORD_DEPLOYMENT unset)")
+        for d in D.describe(name):
+            gemms = ", ".join(f"{n}x{k}" for n, k in d["gemms"]) or "any N, K"
+            line(f"  {d['deployment']}", f"{'/'.join(d['experts'] and map(str, d['experts']))} experts, "
+                                         f"GEMMs {gemms}, roles {', '.join(d['roles'])}")
     except Exception as exc:
         line("profiles", f"unavailable: {exc}")
     from chord.bench.suite import BASELINES_DIR, SUITES_DIR
@@ -146,13 +154,64 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
     if args.tune:
         from chord import tune
 
-        scheds = tune.tune_schedules(args.suite, args.scenarios, args.families, profile_file=args.profile)
+        suite, selected = tune_selection(args)
+        scheds = tune.tune_schedules(suite=suite, scenario_ids=[sc.id for sc, _ in selected], families=args.families,
+                                     profile_file=args.profile, max_candidates=args.max_candidates)
         results = jit.precompile(scheds, progress=not args.quiet)
         print(f"chord precompile: {len(results)} kernels `chord tune` would time ready in {jit.cache_dir()}")
     return 0
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma-separated list of positive ints, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ValueError(f"{flag} must be a comma-separated list of positive ints, got {text!r}")
+    return vals
+
+
+SHAPE_FLAGS = ("experts", "n_gate_up", "k_gate_up", "n_down", "k_down")
+
+
+def tune_selection(args: argparse.Namespace):
+    """(suite, selection) `chord tune` / `chord precompile --tune` works on: the layer shape given
+    by --experts/--n-gate-up/... with --tok-e or --tokens, or a suite's scenarios. Raises
+    ValueError naming the flag for a bad combination, before any GPU work."""
+    from chord.bench.suite import load_suite, shape_suite
+
+    shape = [f for f in SHAPE_FLAGS if getattr(args, f, None) is not None]
+    loads = [f for f in ("tok_e", "tokens") if getattr(args, f, None) is not None]
+    if shape or loads:
+        if len(shape) != len(SHAPE_FLAGS):
+            missing = ", ".join("--" + f.replace("_", "-") for f in SHAPE_FLAGS if f not in shape)
+            raise ValueError(f"a shape needs every one of --experts, --n-gate-up, --k-gate-up, --n-down, --k-down "
+                             f"(missing {missing})")
+        if len(loads) != 1:
+            raise ValueError("a shape needs exactly one of --tok-e (rows per expert) or --tokens")
+        if args.suite is not None or args.scenarios is not None:
+            raise ValueError("give a shape (--experts ...) or --suite/--scenarios, not both")
+        for f in SHAPE_FLAGS:
+            if getattr(args, f) <= 0:
+                raise ValueError(f"--{f.replace('_', '-')} must be positive, got {getattr(args, f)}")
+        if not args.deployment:
+            raise ValueError("a shape needs --deployment NAME (the name its profile entries get, e.g. EP16)")
+        flag = "--tok-e" if loads[0] == "tok_e" else "--tokens"
+        vals = _int_list(getattr(args, loads[0]), flag)
+        suite = shape_suite(args.deployment, args.experts, args.n_gate_up, args.k_gate_up, args.n_down, args.k_down,
+                            **{loads[0]: vals}, top_k=args.top_k, families=args.families)
+        return suite, suite.select(None, None)
+    if args.deployment:
+        raise ValueError("--deployment names the entries of a shape given by --experts ...; a suite's scenarios "
+                         "carry their own deployment")
+    suite = load_suite(args.suite)
+    return suite, suite.select(args.scenarios, args.families)
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
+    import time
+
     import torch
 
     from chord import tune
@@ -164,23 +223,35 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{exc} (--rep-ms / --warmup-ms)", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("chord tune: no CUDA GPU here; tuning measures kernels on an sm_90 GPU, nothing to do.")
-        return 2
-
-    from chord.bench.suite import load_suite
-
     try:  # the arguments, before any GPU work (an error inside the tuning keeps its traceback)
-        load_suite(args.suite).select(args.scenarios, args.families)
+        suite, selected = tune_selection(args)
+        if args.budget_minutes is not None and not args.budget_minutes > 0:
+            raise ValueError(f"--budget-minutes must be positive, got {args.budget_minutes}")
+        if args.max_candidates is not None and args.max_candidates < 1:
+            raise ValueError(f"--max-candidates must be >= 1, got {args.max_candidates}")
     except (ValueError, OSError) as exc:
         print(f"chord tune: {exc}", file=sys.stderr)
         return 2
-    points = tune.tune_suite(args.suite, args.scenarios, args.families, profile_file=args.profile,
-                             rep_ms=args.rep_ms, warmup_ms=args.warmup_ms)
-    ppath, rpath = tune.write_tuning(points, Path(args.out), profile_file=args.profile)
+    if not torch.cuda.is_available():
+        print("chord tune: no CUDA GPU here; tuning measures kernels on an sm_90 GPU, nothing to do.")
+        return 2
+    cache = None if args.no_timing_cache else tune.TimingCache()
+    t0 = time.monotonic()
+    points = tune.tune_suite(profile_file=args.profile, rep_ms=args.rep_ms, warmup_ms=args.warmup_ms,
+                             suite=suite, scenario_ids=[sc.id for sc, _ in selected],
+                             families=args.families, max_candidates=args.max_candidates,
+                             budget_minutes=args.budget_minutes, timing_cache=cache, progress=not args.quiet)
+    took = time.monotonic() - t0
+    import shlex
+
+    command = "chord " + " ".join(shlex.quote(a) for a in args.argv)
+    meta = tune.entry_meta(selected)
+    ppath, rpath = tune.write_tuning(points, Path(args.out), profile_file=args.profile, meta=meta,
+                                     command=command.strip(), seconds=took)
     faster = sum(p.best_us < p.default_us for p in points)
-    print(f"chord tune: {len(points)} GEMM points, {faster} faster than the current profile; "
-          f"wrote {ppath} (review, then copy to profiles/) and {rpath}")
+    print(f"chord tune: {len(points)} GEMM points in {took / 60:.1f} min, {faster} faster than the current decision; "
+          f"wrote {ppath} and {rpath}.\nUse it: export CHORD_PROFILE_DIR={Path(args.out).resolve()} "
+          f"(or copy {ppath.name} into profiles/); entries {', '.join(sorted(meta))}")
     return 0
 
 
@@ -220,6 +291,20 @@ def _cmd_limits(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_shape_args(p) -> None:
+    g = p.add_argument_group("a layer shape instead of a suite (chord tune for any shape)")
+    g.add_argument("--experts", type=int, default=None, help="local experts of the layer")
+    g.add_argument("--n-gate-up", type=int, default=None, help="gate_up output features (2 x intermediate)")
+    g.add_argument("--k-gate-up", type=int, default=None, help="gate_up input features (hidden)")
+    g.add_argument("--n-down", type=int, default=None, help="down output features (hidden)")
+    g.add_argument("--k-down", type=int, default=None, help="down input features (intermediate)")
+    g.add_argument("--tok-e", default=None, help="comma-separated rows per expert to tune at (EP layers)")
+    g.add_argument("--tokens", default=None, help="comma-separated token counts to tune at (TP layers)")
+    g.add_argument("--top-k", type=int, default=8, help="experts per token")
+    g.add_argument("--deployment", default=None,
+                   help="name of the deployment the tuned entries form (e.g. EP16): <name>-decode / <name>-prefill")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper")
     sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile,profile,limits}")
@@ -234,11 +319,21 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--suite", default=None, help="with --tune: suite JSON (default: kimi_k2_h200.json)")
     pp.add_argument("--scenarios", default=None, help="with --tune: comma-separated scenario ids (default: all)")
     pp.add_argument("--families", default=None, help="with --tune: comma-separated families (default: the suite's)")
+    _add_shape_args(pp)
+    pp.add_argument("--max-candidates", type=int, default=24, help="with --tune: as chord tune's")
     pp.set_defaults(func=_cmd_precompile)
-    pt = sub.add_parser("tune", help="time candidate schedules on a suite and write a tuned profile")
-    pt.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
+    pt = sub.add_parser("tune", help="time candidate schedules on a suite or any layer shape and write a tuned profile")
+    pt.add_argument("--suite", default=None, help="suite JSON or packaged suite name (default: kimi_k2_h200)")
     pt.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
     pt.add_argument("--families", default=None, help="comma-separated families (default: the suite's)")
+    _add_shape_args(pt)
+    pt.add_argument("--max-candidates", type=int, default=24,
+                    help="per GEMM, time the seeds and this many candidates in the cost model's order (chord.cost)")
+    pt.add_argument("--budget-minutes", type=float, default=None,
+                    help="spread this much timing over the GEMMs; each stops at its share (default: no limit)")
+    pt.add_argument("--no-timing-cache", action="store_true",
+                    help="time every candidate again (default: reuse <kernel cache>/tune-timings.json)")
+    pt.add_argument("--quiet", action="store_true", help="no progress bar while the candidates compile")
     pt.add_argument("--profile", default=None,
                     help="profile file to start from (profiles/<name>.json; default $CHORD_PROFILE or h200)")
     pt.add_argument("--rep-ms", type=float, default=25.0, help="do_bench rep per candidate (ms)")
@@ -276,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     if getattr(args, "profile", "") is None:
         from chord.schedule import gpu_profile_name
 

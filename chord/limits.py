@@ -244,7 +244,7 @@ def _worker(points: list[tuple[str, str]], manifest_path: Path, suite, profile_f
     with manifest_path.open("w") as mf:
         for scenario, family in points:
             sc, w13, w2, data, fi = I.one_scenario(suite, scenario, family, 0, "cuda", who="limits")
-            prof = ChordAPI.profile(profile_file or gpu_profile_name(), sc.profile_deployment)
+            prof = ChordAPI.profile(profile_file or gpu_profile_name(), sc)
             gate_up, down, _gu, _dn, info = _chord_calls(family, sc, data, fi, w13, w2, prof)
             touched = I.describe_touched(data.topk_ids, sc.experts)["experts_touched"]
             fl = F.scenario_floor(sc, ceil, touched, family)

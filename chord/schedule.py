@@ -433,10 +433,18 @@ class Rule:
 
 @dataclass(frozen=True, eq=False)
 class Profile:
+    """The rules one call is decided by: an entry of a profile file (``deployment`` is the entry's
+    name), or the rules of one deployment under one role (chord.deployments.profile_for)."""
+
     gpu: str
     deployment: str
     rules: dict  # family -> tuple[Rule, ...]
     source: str = ""
+    deployment_name: str = ""  # the deployment the entry belongs to (EP8, TP8, EP16, ..., custom)
+    role: str = "both"  # decode | prefill | both
+    covers_experts: tuple = ()  # local expert counts the entry covers (chord.deployments)
+    covers_gemms: tuple = ()  # (n, k) pairs it covers; () = any
+    split_rows_per_expert: float = 45.255
 
     @property
     def name(self) -> str:
@@ -477,6 +485,8 @@ class Decision:
     profile: str
     candidates: tuple
     reason: str
+    deployment: str = ""  # the layer's deployment (chord.deployments), "custom" when no profile covers it
+    role: str = ""  # the serving instance's role the rules were taken for
 
 
 def _profile_path(name_or_path: str) -> Path:
@@ -528,10 +538,17 @@ def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
     if not isinstance(data, dict) or not isinstance(data.get("gpu"), str) or \
             not isinstance(data.get("deployments"), dict) or not data["deployments"]:
         raise ValueError(f"{path}: a profile needs 'gpu' (a string) and 'deployments' (a non-empty object)")
+    from chord.deployments import parse_covers, parse_entry_meta
+
     deployments = {}
     for dep, body in data["deployments"].items():
         if not isinstance(body, dict) or not isinstance(body.get("families"), dict) or not body["families"]:
             raise ValueError(f"{path}: deployment {dep!r} needs 'families' (a non-empty object)")
+        unknown = sorted(set(body) - _ENTRY_FIELDS)
+        if unknown:
+            raise ValueError(f"{path}: deployment {dep!r}: unknown fields {unknown} (known: {sorted(_ENTRY_FIELDS)})")
+        dep_name, role, split = parse_entry_meta(str(path), dep, body)
+        experts, gemms = parse_covers(str(path), dep, body)
         rules = {}
         for family, items in body["families"].items():
             if family not in FAMILIES:
@@ -550,7 +567,7 @@ def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"{path}: {dep}/{family} rule {i}: {exc}") from None
             rules[family] = parsed
-        deployments[dep] = Profile(data["gpu"], dep, rules, str(path))
+        deployments[dep] = Profile(data["gpu"], dep, rules, str(path), dep_name, role, experts, gemms, split)
     return ProfileFile(data["gpu"], deployments, str(path))
 
 
@@ -566,10 +583,16 @@ def load_profile(spec: str | Profile = "h200:ep8-prefill") -> Profile:
 
 
 def default_deployment(num_experts: int, n: int, k: int, decode: bool = False) -> str:
-    """The deployment a weight shape belongs to (fixed at load time)."""
-    if num_experts >= 256:
-        return "tp8"
-    return "ep8-decode" if decode else "ep8-prefill"
+    """The profile entry a weight shape's calls use under role decode (`decode`) or prefill: its
+    deployment (chord.deployments.deployment_for: the profile's `covers`, or CHORD_DEPLOYMENT)
+    and that role's entry; "custom" when no deployment covers the shape."""
+    from chord.deployments import CUSTOM, deployment_for, deployments
+
+    dep = deployment_for(num_experts, n, k)
+    if dep == CUSTOM:
+        return CUSTOM
+    d = deployments(gpu_profile_name())[dep]
+    return d.entry("decode" if decode else "prefill") or d.entry("both") or d.entries[0][1]
 
 
 def gpu_profile_name() -> str:
@@ -577,46 +600,23 @@ def gpu_profile_name() -> str:
     return os.environ.get("CHORD_PROFILE", "h200")
 
 
-#: EP8 rows per expert up to which the decode deployment's rules apply, above which the prefill
-#: deployment's: the geometric midpoint of the suite's largest decode point (32) and smallest
-#: prefill point (64), where `chord tune` puts its own rule bounds.
+def profile_for(family: str, num_experts: int, n: int, k: int, *, deployment: str | None = None,
+                role: str | None = None, profile_name: str | None = None) -> Profile:
+    """The profile a weight shape's calls are decided by, in the GPU profile `gpu_profile_name()`:
+    the deployment that covers the shape (or CHORD_DEPLOYMENT / `deployment`) under the process's
+    role (CHORD_ROLE / `role`); see chord.deployments. The schedule of a shape is then the same
+    whoever calls: `chord.ops`, the `humming` root or `chord bench`."""
+    from chord.deployments import profile_for as _profile_for
+
+    return _profile_for(family, num_experts, n, k, deployment=deployment, role=role, profile_name=profile_name)
+
+
+#: EP8's rows per expert up to which role `both` takes the decode rules (kept for callers of the
+#: name; each profile entry may set its own `split_rows_per_expert`)
 EP8_DECODE_MAX_ROWS_PER_EXPERT = 45.255
 
-
-def profile_for(family: str, num_experts: int, n: int, k: int) -> Profile:
-    """The profile a weight shape's calls are decided by, in the GPU profile `gpu_profile_name()`.
-
-    The deployment is fixed at load time from the shape: 384 experts is TP8; otherwise EP8, whose
-    calls see decode and prefill batch sizes alike, so EP8 uses one merged rule list per family:
-    the `ep8-decode` rules up to EP8_DECODE_MAX_ROWS_PER_EXPERT rows per expert and the
-    `ep8-prefill` rules above (a family only one of them has keeps that one's rules). The
-    schedule of a shape is then the same whoever calls: `chord.ops`, the `humming` root or
-    `chord bench` (which picks the deployment by its scenario: the rules agree on its shapes).
-    """
-    _check_family(family)
-    name = gpu_profile_name()
-    if num_experts >= 256:
-        return load_profile(f"{name}:tp8")
-    return _ep8_profile(name)
-
-
-@lru_cache(maxsize=8)
-def _ep8_profile(name: str) -> Profile:
-    pf = load_profile_file(name)
-    dec, pre = pf.profile("ep8-decode"), pf.profile("ep8-prefill")
-    t = EP8_DECODE_MAX_ROWS_PER_EXPERT
-    rules = {}
-    for family in FAMILIES:
-        d, p = dec.rules.get(family), pre.rules.get(family)
-        if not d or not p:
-            if d or p:
-                rules[family] = d or p
-            continue
-        low = [r for r in d if r.max_rows_per_expert < t]
-        # the decode rules that reach past t end at t (one per K range), then the prefill rules
-        low += [Rule(t, r.schedule, r.why, r.k_min, r.k_max) for r in d if r.max_rows_per_expert >= t]
-        rules[family] = tuple(low) + tuple(r for r in p if r.max_rows_per_expert > t)
-    return Profile(pf.gpu, "ep8", rules, pf.path)
+#: fields of a profile file's deployment entry besides its rules (chord.deployments)
+_ENTRY_FIELDS = frozenset({"about", "families", "deployment", "role", "covers", "split_rows_per_expert"})
 
 
 def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
@@ -668,6 +668,13 @@ def _rule_for(rules: tuple, rows_per_expert: float, k: int) -> Rule:
 
 @lru_cache(maxsize=4096)
 def _explain(profile: Profile, problem: Problem, policy: "Policy | None" = None) -> Decision:
+    dec = _explain_rules(profile, problem, policy)
+    return replace(dec, deployment=profile.deployment_name or profile.deployment, role=profile.role)
+
+
+def _explain_rules(profile: Profile, problem: Problem, policy: "Policy | None") -> Decision:
+    if policy is None and profile.deployment_name == "custom":  # no profile covers the layer
+        policy = Policy("heuristic")
     if policy is not None and policy.source != "profile":
         dec = (_heuristic_decision(profile, problem, policy) if policy.source == "heuristic"
                else _batch_invariant_decision(profile, problem))
@@ -713,6 +720,8 @@ def schedule_table(profile: Profile | str, family: str, num_experts: int, n: int
     the heuristic policy, the heuristic's own step function (the same decisions `select` makes)."""
     prof = load_profile(profile)
     pol = current_policy() if policy is None else parse_policy(policy)
+    if pol.source == "profile" and prof.deployment_name == "custom":  # no profile covers the layer
+        pol = Policy("heuristic")
     if pol.source == "heuristic":
         return _heuristic_table(prof, _check_family(family), num_experts, n, k, top_k, pol)
     if pol.source == "batch_invariant":

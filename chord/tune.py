@@ -251,18 +251,21 @@ def _gemm_calls(family, sc, data, fi, w13, w2):
 
 
 def tune_schedules(suite_path=None, scenario_ids: Iterable[str] | str | None = None, families=None, *,
-                   profile_file: str = "h200") -> list[Schedule]:
-    """Every schedule `tune_suite` would build for these scenarios (defaults and candidates), so
-    they can be compiled ahead on a machine without a GPU (`chord precompile --tune`)."""
+                   profile_file: str = "h200", suite=None, max_candidates: int | None = None) -> list[Schedule]:
+    """Every schedule `tune_suite` would build for these scenarios (defaults and candidates, the
+    same `max_candidates` cut), so they can be compiled ahead on a machine without a GPU
+    (`chord precompile --tune`)."""
     from chord.bench.suite import load_suite
 
+    suite = suite if suite is not None else load_suite(suite_path)
     out: dict = {}
-    for sc, fams in load_suite(suite_path).select(scenario_ids, families):
-        prof = load_profile(f"{profile_file}:{sc.profile_deployment}")
+    for sc, fams in suite.select(scenario_ids, families):
         for family in fams:
-            for n, k, top_k in ((sc.n_gate_up, sc.k_gate_up, sc.top_k), (sc.n_down, sc.k_down, 1)):
-                prob = Problem(family, sc.experts, n, k, sc.rows, top_k if family == "indexed" else 1)
-                for s in [select(prof, prob), *candidates(family, n, sc.rows_per_expert, k=k)]:
+            prof = sc.profile(profile_file, family)
+            for gemm in ("gate_up", "down"):
+                n, k, prob = sc.gemm_problem(family, gemm)
+                default = select(prof, prob)
+                for s in tuning_candidates(family, prob, sc.rows_per_expert, default, profile_file, max_candidates):
                     out[s.id] = s
     return list(out.values())
 
@@ -287,11 +290,23 @@ def _check_timing_args(who: str, rep_ms: float, warmup_ms: float) -> None:
 
 def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None, families=None, *,
                profile_file: str = "h200", rep_ms: float = 25.0, warmup_ms: float = WARMUP_MS,
-               log=print) -> list[Point]:
-    """Times every candidate of each suite GEMM (do_bench median of a CUDA-graph replay after
+               log=print, suite=None, max_candidates: int | None = None, budget_minutes: float | None = None,
+               timing_cache: "TimingCache | None" = None, progress: bool = False) -> list[Point]:
+    """Times the candidates of each suite GEMM (do_bench median of a CUDA-graph replay after
     `warmup_ms` of warm-up; see WARMUP_MS) against the profile's schedule, rejecting any whose
-    output disagrees; the fastest per GEMM (`pick_best`) is its Point."""
+    output disagrees; the fastest per GEMM (`pick_best`) is its Point.
+
+    `suite`: a chord.bench.suite.Suite instead of a file (`chord tune --experts ...` builds one).
+    `max_candidates`: per GEMM, the first that many of the cost model's order (chord.cost.rank)
+    besides the seeds (the current decision, the heuristic's, and the nearest tuned deployment's
+    rule at the same rows per expert); None times every candidate. `budget_minutes`: the
+    timing is spread over the GEMMs left so each gets its share, and a GEMM stops timing (in the
+    cost model's order) once its share is spent. The default schedule's output is checked against
+    the float32 reference (chord.reference) before any candidate may win; `timing_cache` reuses
+    the timings of (GPU, schedule, shape, timing) measured before."""
     _check_timing_args("tune_suite", rep_ms, warmup_ms)
+    import time
+
     import torch
 
     from chord import formats, jit
@@ -299,55 +314,185 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
     from chord.bench.suite import load_suite
     from chord.bench.timing import bench
 
-    suite = load_suite(suite_path)
+    suite = suite if suite is not None else load_suite(suite_path)
     selected = suite.select(scenario_ids, families)
     dev = torch.device("cuda")
+    gpu = torch.cuda.get_device_name()
     points: list[Point] = []
     packed_cache: dict = {}
+    plan = []
     for sc, fams in selected:
+        for family in fams:
+            for gemm in ("gate_up", "down"):
+                n, k, prob = sc.gemm_problem(family, gemm)
+                prof = sc.profile(profile_file, family)
+                default = select(prof, prob)
+                cands = tuning_candidates(family, prob, sc.rows_per_expert, default, profile_file, max_candidates)
+                plan.append((sc, family, gemm, default, cands))
+    todo = [c for *_, cands in plan for c in cands]
+    log(f"chord tune: {len(plan)} GEMMs, {len(set(todo))} distinct candidates to build")
+    built = {c.id: b for c, b in zip(dict.fromkeys(todo), jit.precompile(list(dict.fromkeys(todo)), progress=progress))}
+    t_start = time.monotonic()
+    for i, (sc, family, gemm, default, cands) in enumerate(plan):
         key = sc.weights_key
         if key not in packed_cache:
             packed_cache.clear()
             torch.cuda.empty_cache()
             ew = I.expert_weights(sc, 0, dev)
-            packed_cache[key] = (formats.pack_experts(ew.q13, ew.s13), formats.pack_experts(ew.q2, ew.s2))
-            del ew
-        w13, w2 = packed_cache[key]
+            packed_cache[key] = (formats.pack_experts(ew.q13, ew.s13), formats.pack_experts(ew.q2, ew.s2), ew)
+        w13, w2, ew = packed_cache[key]
         data = I.scenario_data(sc, 0, dev)
-        dep = sc.profile_deployment
-        prof = load_profile(f"{profile_file}:{dep}")
-        for family in fams:
-            fi = I.family_inputs(family, data)
-            for gemm, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2):
-                default = select(prof, prob)
-                cands = [default] + [c for c in candidates(family, n, sc.rows_per_expert, k=k) if c != default]
-                built = jit.precompile(cands, progress=False)
-                cands = [c for c, b in zip(cands, built) if c == default or b.spill_bytes == 0]
-                ref_fn, ref_out = make(default)
-                ref_out.fill_(float("nan"))
-                ref_fn()
-                torch.cuda.synchronize()
-                ref = ref_out.clone()
-                timings, rejected = {}, []
-                for s in cands:
-                    fn, out = make(s)
-                    out.fill_(float("nan"))
-                    fn()
-                    torch.cuda.synchronize()
-                    exact = s.split_k == default.split_k == 1 and s.mainloop == default.mainloop and s.swap == default.swap
-                    if not _agrees(out, ref, exact=exact):
-                        rejected.append(s.id)
-                        log(f"  REJECTED {s.id}: output differs from {default.id}")
-                        continue
-                    timings[s.id] = bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, graph=True).p50
-                best_id = pick_best(timings)
-                pt = Point(dep, family, gemm, sc.id, sc.rows_per_expert, n, k, Schedule.from_id(best_id),
-                           timings[best_id], default, timings[default.id], timings, rejected)
-                points.append(pt)
-                log(f"{sc.id:20s} {family:18s} {gemm:7s} default {default.id:26s} {pt.default_us:9.1f} us   "
-                    f"best {best_id:26s} {pt.best_us:9.1f} us  ({len(timings)} timed, {len(rejected)} rejected)")
-        del data
+        fi = I.family_inputs(family, data)
+        make = next(m for g, n, k, prob, m in _gemm_calls(family, sc, data, fi, w13, w2) if g == gemm)
+        n, k, prob = sc.gemm_problem(family, gemm)
+        cands = [c for c in cands if c == default or built[c.id].spill_bytes == 0]
+        ref_fn, ref_out = make(default)
+        ref_out.fill_(float("nan"))
+        ref_fn()
+        torch.cuda.synchronize()
+        ref = ref_out.clone()
+        err = _reference_error(family, gemm, sc, data, fi, ew, ref)
+        if not err <= I.TOLERANCE:
+            raise RuntimeError(f"chord tune: {sc.id} {family} {gemm}: the default schedule {default.id} disagrees "
+                               f"with the float32 reference (relative error {err:.3g} > {I.TOLERANCE}); "
+                               "nothing of this shape can be tuned against it")
+        share = None
+        if budget_minutes is not None:
+            left = budget_minutes * 60.0 - (time.monotonic() - t_start)
+            share = max(0.0, left / (len(plan) - i))
+        t_gemm = time.monotonic()
+        timings, rejected, reused = {}, [], 0
+        for s in cands:
+            if share is not None and timings and time.monotonic() - t_gemm > share:
+                break
+            ckey = timing_cache.key(gpu, s, prob, warmup_ms, rep_ms) if timing_cache is not None else None
+            if ckey is not None and ckey in timing_cache:
+                timings[s.id] = timing_cache[ckey]
+                reused += 1
+                continue
+            fn, out = make(s)
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            exact = s.split_k == default.split_k == 1 and s.mainloop == default.mainloop and s.swap == default.swap
+            if not _agrees(out, ref, exact=exact):
+                rejected.append(s.id)
+                log(f"  REJECTED {s.id}: output differs from {default.id}")
+                continue
+            timings[s.id] = bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, graph=True).p50
+            if ckey is not None:
+                timing_cache[ckey] = timings[s.id]
+        if default.id not in timings:  # the budget never cut the default: it is first in the order
+            raise RuntimeError(f"chord tune: {sc.id} {family} {gemm}: the default {default.id} was not timed")
+        best_id = pick_best(timings)
+        pt = Point(sc.profile_deployment, family, gemm, sc.id, sc.rows_per_expert, n, k, Schedule.from_id(best_id),
+                   timings[best_id], default, timings[default.id], timings, rejected)
+        points.append(pt)
+        log(f"{sc.id:20s} {family:18s} {gemm:7s} default {default.id:26s} {pt.default_us:9.1f} us   "
+            f"best {best_id:26s} {pt.best_us:9.1f} us  ({len(timings)} of {len(cands)} timed, {reused} reused, "
+            f"{len(rejected)} rejected)")
+        if timing_cache is not None:
+            timing_cache.save()
     return points
+
+
+#: rows of the default schedule's output checked against the float32 reference before a tune
+#: trusts it (the bench's check, chord.bench.inputs.check_family_outputs, with its tolerance)
+REFERENCE_ROWS = 512
+
+
+def _reference_error(family: str, gemm: str, sc, data, fi, ew, out) -> float:
+    """Relative error of `out` (the default schedule's output of this GEMM) against the float32
+    reference on a sample of REFERENCE_ROWS routes."""
+    from chord.bench import inputs as I
+
+    r = I.sample_routes(sc.rows, REFERENCE_ROWS, data.seed, data.device).to(data.device)
+    ex = I.route_experts(data.topk_ids, r)
+    if gemm == "gate_up":
+        want = I.reference_routes(ew.q13, ew.s13, data.x[r // sc.top_k], ex)
+    else:
+        want = I.reference_routes(ew.q2, ew.s2, data.down_in[r], ex)
+    got = out.reshape(-1, out.shape[-1])[I.rows_of_routes(fi, r)]
+    return I.rel_err(got, want)
+
+
+def tuning_candidates(family: str, prob: Problem, rows_per_expert: float, default: Schedule,
+                      profile_file: str = "h200", limit: int | None = None) -> list[Schedule]:
+    """What `chord tune` times for one GEMM, in order: the default (the current decision), the
+    heuristic's decision, the nearest tuned deployment's rule at the same rows per expert, then
+    the candidates (`candidates`) in the cost model's order (chord.cost.rank), the first `limit`
+    of them (None: all)."""
+    from chord import cost
+    from chord.schedule import explain
+
+    near = _nearest_entry(profile_file, prob)
+    base = f"{profile_file}:{near}" if near else _any_entry(profile_file)
+    seeds = [default, explain(base, prob, "heuristic").schedule]
+    if near:
+        seeds.append(explain(base, prob, "profile").schedule)
+    ranked = cost.rank(candidates(family, prob.n, rows_per_expert, k=prob.k), prob, limit)
+    return list(dict.fromkeys(seeds + ranked))
+
+
+def _any_entry(profile_file: str) -> str:
+    from chord.schedule import load_profile_file
+
+    return f"{profile_file}:{next(iter(load_profile_file(profile_file).deployments))}"
+
+
+def _nearest_entry(profile_file: str, prob: Problem) -> str | None:
+    """The profile entry (with `covers`) whose expert count is nearest the problem's and which has
+    rules for its family: its rules at the same rows per expert are a strong first guess."""
+    from chord.schedule import load_profile_file
+
+    best = None
+    for name, prof in load_profile_file(profile_file).deployments.items():
+        if not prof.covers_experts or prob.family not in prof.rules:
+            continue
+        d = min(abs(math.log(e / prob.num_experts)) for e in prof.covers_experts)
+        if best is None or d < best[0]:
+            best = (d, name)
+    return best[1] if best else None
+
+
+class TimingCache:
+    """Timings `chord tune` measured, keyed by (GPU, schedule, shape, warm-up, rep), in a JSON
+    file (default ``<kernel cache>/tune-timings.json``), so a repeated or widened tune times only
+    what is new. Written with an atomic rename."""
+
+    def __init__(self, path=None):
+        from chord import jit
+
+        self.path = Path(path) if path is not None else Path(jit.cache_dir()) / "tune-timings.json"
+        try:
+            data = json.loads(self.path.read_text())
+            self.data = {k: float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        except (OSError, ValueError, TypeError):
+            self.data = {}
+
+    @staticmethod
+    def key(gpu: str, s: Schedule, p: Problem, warmup_ms: float, rep_ms: float) -> str:
+        return (f"{gpu}|{s.id}|{p.num_experts}x{p.n}x{p.k}|rows{p.rows}|top{p.top_k}|"
+                f"w{warmup_ms:g}|r{rep_ms:g}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def __getitem__(self, key: str) -> float:
+        return self.data[key]
+
+    def __setitem__(self, key: str, us: float) -> None:
+        self.data[key] = float(us)
+
+    def save(self) -> None:
+        import os
+        import tempfile
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tune-timings-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f, indent=0, sort_keys=True)
+        os.replace(tmp, self.path)
 
 
 def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_ms: float = 50.0,
@@ -483,12 +628,32 @@ def _agrees(out, ref, exact: bool) -> bool:
     return bool(((a - b).norm() / b.norm().clamp_min(1e-30)) < SPLIT_TOL)
 
 
+def entry_meta(selected) -> dict:
+    """{profile entry: its deployment, role and covered shapes} of a suite selection (what
+    `write_tuning` stores beside a new entry's rules, so the entry is chosen by shape)."""
+    out: dict = {}
+    for sc, _ in selected:
+        e = out.setdefault(sc.profile_deployment, {"deployment": sc.deployment, "role": sc.role,
+                                                   "covers": {"experts": [sc.experts], "gemms": []}})
+        for g in ([sc.n_gate_up, sc.k_gate_up], [sc.n_down, sc.k_down]):
+            if g not in e["covers"]["gemms"]:
+                e["covers"]["gemms"].append(g)
+    return out
+
+
 def profile_from_points(points: list[Point], base_profile_file: str = "h200", *, gpu: str,
-                        note: str) -> dict:
-    """A profile JSON dict: the base profile with the tuned families' rules replaced."""
+                        note: str, meta: dict | None = None, about: str | None = None) -> dict:
+    """A profile JSON dict: the base profile with the tuned families' rules replaced. `meta`
+    ({entry: {deployment, role, covers}}, `entry_meta`) is written into each tuned entry, with
+    `about` (what was measured, where and how) as the entry's about text."""
     from chord.schedule import _profile_path
 
     base = json.loads(_profile_path(base_profile_file).read_text())
+    for dep, m in (meta or {}).items():
+        entry = base["deployments"].setdefault(dep, {"families": {}})
+        entry.update({k: v for k, v in m.items()})
+        if about:
+            entry["about"] = about
     by: dict = {}
     for p in points:
         by.setdefault((p.deployment, p.family), []).append(p)
@@ -521,6 +686,12 @@ def profile_from_points(points: list[Point], base_profile_file: str = "h200", *,
     return base
 
 
+def _profile_text(profile_file: str) -> str:
+    from chord.schedule import _profile_path
+
+    return _profile_path(profile_file).read_text()
+
+
 def points_from_json(path) -> list[Point]:
     """Points back from a `tuning.json` written by write_tuning (to rebuild a profile offline)."""
     out = []
@@ -544,17 +715,41 @@ def _rule(bound, p: Point, k_max: int | None = None) -> dict:
     return r
 
 
-def write_tuning(points: list[Point], out_dir: Path, *, profile_file: str = "h200") -> tuple[Path, Path]:
+def environment() -> dict:
+    """GPU, driver, CUDA, torch and Chord versions of this process (what a tuned entry records)."""
     import torch
 
+    import chord
+
+    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+           "cuda": torch.version.cuda, "torch": torch.__version__, "chord": getattr(chord, "__version__", "?")}
+    try:
+        v = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
+        if v is None and torch.cuda.is_available():
+            v = torch._C._cuda_getDriverVersion()
+        env["driver"] = f"{v // 1000}.{(v % 1000) // 10}" if isinstance(v, int) else str(v)
+    except (AttributeError, RuntimeError):
+        env["driver"] = "unknown"
+    return env
+
+
+def write_tuning(points: list[Point], out_dir: Path, *, profile_file: str = "h200", meta: dict | None = None,
+                 command: str | None = None, seconds: float | None = None) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
+    env = environment()
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-    note = (f"Tuned by `chord tune` on {gpu}, {stamp}: per suite point the fastest bit-identical schedule "
+    note = (f"Tuned by `chord tune` on {env['gpu']}, {stamp}: per suite point the fastest bit-identical schedule "
             "(CUDA-graph do_bench median). See docs/performance.md.")
-    prof = profile_from_points(points, profile_file, gpu=profile_file, note=note)
-    ppath = out_dir / f"{profile_file}.json"
+    about = None
+    if meta:
+        took = f", {seconds / 60:.1f} min of tuning" if seconds is not None else ""
+        about = (f"Tuned {stamp} by `{command or 'chord tune'}` on {env['gpu']} (driver {env['driver']}, CUDA "
+                 f"{env['cuda']}, torch {env['torch']}, chord {env['chord']}{took}).")
+    prof = profile_from_points(points, profile_file, gpu=profile_file, note=note, meta=meta, about=about)
+    if meta:  # the base profile's own about text stays; the tuned entries carry theirs
+        prof["about"] = json.loads(_profile_text(profile_file)).get("about", note)
+    ppath = out_dir / f"{Path(profile_file).stem}.json"
     ppath.write_text(json.dumps(prof, indent=1) + "\n")
     rpath = out_dir / "tuning.json"
     rpath.write_text(json.dumps([dict(dataclasses.asdict(p), best=p.best.id, default=p.default.id) for p in points],

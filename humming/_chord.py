@@ -111,10 +111,10 @@ def reference_masked(x3, qweight, scales, expert_num_tokens):
 # chord.schedule
 
 
-def _profile(family: str, num_experts: int, n: int, k: int):
+def _profile(family: str, num_experts: int, n: int, k: int, deployment: str | None = None, role: str | None = None):
     from chord.schedule import profile_for
 
-    return profile_for(family, num_experts, n, k)
+    return profile_for(family, num_experts, n, k, deployment=deployment, role=role)
 
 
 def policy_name() -> str:
@@ -124,11 +124,13 @@ def policy_name() -> str:
     return current_policy().name
 
 
-def schedule_rows(family: str, num_experts: int, n: int, k: int, top_k: int = 1, *, policy: str | None = None):
+def schedule_rows(family: str, num_experts: int, n: int, k: int, top_k: int = 1, *, policy: str | None = None,
+                  deployment: str | None = None, role: str | None = None):
     """chord.schedule's table for this layer: [(min_rows (exclusive), max_rows, Schedule)]."""
     from chord.schedule import schedule_table
 
-    return schedule_table(_profile(family, num_experts, n, k), family, num_experts, n, k, top_k, policy)
+    return schedule_table(_profile(family, num_experts, n, k, deployment, role), family, num_experts, n, k, top_k,
+                          policy)
 
 
 def select_schedule(family: str, num_experts: int, n: int, k: int, rows: int, top_k: int = 1):

@@ -158,6 +158,10 @@ class LayerConfig:
     # Chord's kernel weight layout (docs/architecture.md) and the checkpoint's own group size
     layout: str = "swap16g"
     checkpoint_group_size: int = 32
+    # the serving instance's role and the layer's deployment (chord.deployments), fixed at load:
+    # "" takes CHORD_ROLE (default both) and CHORD_DEPLOYMENT (default: by shape) when the config is made
+    chord_role: str = ""
+    chord_deployment: str = ""
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -170,6 +174,20 @@ class LayerConfig:
         put("weight_scale_type", _as_enum(WeightScaleType, self.weight_scale_type) or WeightScaleType.GROUP)
         put("weight_scale_2_type", _as_enum(WeightScale2Type, self.weight_scale_2_type) or WeightScale2Type.NONE)
         self._check_supported()
+        self._fix_deployment(put)
+
+    def _fix_deployment(self, put) -> None:
+        """The role and deployment this layer is served under, resolved once, at load."""
+        from chord import deployments as D
+
+        if not isinstance(self.chord_role, str) or not isinstance(self.chord_deployment, str):
+            raise TypeError(f"LayerConfig: chord_role and chord_deployment must be str, got "
+                            f"{self.chord_role!r}, {self.chord_deployment!r}")
+        put("chord_role", D.check_role(self.chord_role.lower(), "LayerConfig.chord_role")
+            if self.chord_role else D.current_role())
+        if self.num_experts > 0:
+            put("chord_deployment", D.deployment_for(self.kernel_experts, self.shape_n, self.shape_k,
+                                                     deployment=self.chord_deployment or None))
 
     def _check_supported(self) -> None:
         if self.input_quant_mode.should_quantize or (self.a_dtype is not None and self.a_dtype.num_bits < 16):

@@ -84,20 +84,37 @@ def _config_row(schedule) -> dict[str, Any]:
 
 def _rows(layer_config: LayerConfig, family: str, batch_invariant: bool = False
           ) -> tuple[tuple[int, int, dict[str, Any]], ...]:
-    return rows_for(family, layer_config.kernel_experts, layer_config.shape_n, layer_config.shape_k, batch_invariant)
+    _check_role(layer_config)
+    return rows_for(family, layer_config.kernel_experts, layer_config.shape_n, layer_config.shape_k, batch_invariant,
+                    deployment=layer_config.chord_deployment or None, role=layer_config.chord_role)
 
 
-def rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, batch_invariant: bool = False
-             ) -> tuple[tuple[int, int, dict[str, Any]], ...]:
+def _check_role(layer_config: LayerConfig) -> None:
+    """A layer made for one serving role is refused by a process of another (CHORD_ROLE), before
+    any launch: its tuning rows were chosen for the role it was loaded under."""
+    from chord.deployments import current_role
+
+    now = current_role()
+    if layer_config.chord_role != now:
+        raise ValueError(f"get_heuristics_config: this layer was loaded for role {layer_config.chord_role!r} but "
+                         f"CHORD_ROLE is {now!r} now; load the weights again under this role (or set CHORD_ROLE="
+                         f"{layer_config.chord_role})")
+
+
+def rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, batch_invariant: bool = False, *,
+             deployment: str | None = None, role: str | None = None) -> tuple[tuple[int, int, dict[str, Any]], ...]:
     """The rows of a layer with `num_experts` (packed) experts of padded size shape_n x shape_k,
-    under chord's current selection policy ($CHORD_POLICY), or its batch-invariant policy (one row)."""
+    under chord's current selection policy ($CHORD_POLICY), or its batch-invariant policy (one row),
+    for its deployment (default: by shape) and role (default: CHORD_ROLE)."""
     return _rows_for(family, num_experts, shape_n, shape_k, "batch_invariant" if batch_invariant
-                     else _chord.policy_name())
+                     else _chord.policy_name(), deployment, role)
 
 
 @lru_cache(maxsize=1024)
-def _rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, policy: str):
-    table = _chord.schedule_rows(family, num_experts, shape_n, shape_k, policy=policy)
+def _rows_for(family: str, num_experts: int, shape_n: int, shape_k: int, policy: str,
+              deployment: str | None = None, role: str | None = None):
+    table = _chord.schedule_rows(family, num_experts, shape_n, shape_k, policy=policy, deployment=deployment,
+                                 role=role)
     rows = []
     for i, (lo, hi, schedule) in enumerate(table):
         # the first row also takes valid_shape_m == 0 (vLLM matches min < m <= max)

@@ -45,7 +45,9 @@ def test_no_tests_and_tune_change_the_set(tool, collected):
     from chord import tune
 
     tuned = tool.collect(tests=False, tune_scenarios="tp8-m1")
-    assert {s.id for s in tune.tune_schedules(None, "tp8-m1")} <= set(tuned)
+    assert {s.id for s in tune.tune_schedules(None, "tp8-m1", max_candidates=24)} <= set(tuned)
+    every = tool.collect(tests=False, tune_scenarios="tp8-m1", max_candidates=None)
+    assert {s.id for s in tune.tune_schedules(None, "tp8-m1")} <= set(every)
 
 
 def test_pack_takes_the_cubins_with_their_logs_and_digests(tool, tmp_path):

@@ -10,7 +10,7 @@ What it collects (deduplicated, each with its `chord.optimizations` ablations wh
 or notebooks switch knobs off):
 
 * every schedule a profile rule gives, fitted to each N of the suite and of the GPU tests;
-* the decision for every suite GEMM under the profile, the heuristic, each heuristic rule off
+* the decision for every GEMM of every packaged suite under the profile, the heuristic, each heuristic rule off
   and the batch-invariant policy (what `chord bench --policy`, the notebooks' ablations and
   vLLM's tuning rows select);
 * the schedules named in the committed notebook tables (`notebooks/data/*.csv`);
@@ -69,7 +69,8 @@ def read_record(path: Path) -> list[tuple[str, int]]:
     return list(out)
 
 
-def collect(tests: bool = True, tune_scenarios: str | None = None, profile: str | None = None) -> dict:
+def collect(tests: bool = True, tune_scenarios: str | None = None, profile: str | None = None,
+            tune_suite: str | None = None, max_candidates: int | None = 24) -> dict:
     """{schedule id: Schedule} of everything listed in the module docstring except the record
     (profile: the profile file's name, default chord.schedule.gpu_profile_name())."""
     from chord import optimizations
@@ -91,12 +92,14 @@ def collect(tests: bool = True, tune_scenarios: str | None = None, profile: str 
     for s in profile_rule_schedules(TEST_NS, profile_file=profile):
         add(s)
     policies = ["profile", "heuristic", "batch_invariant"] + [f"heuristic,-{r}" for r in POLICY_RULES]
-    for sc in load_suite().scenarios:
+    from chord.bench.suite import SUITES_DIR
+
+    for sc in (sc for f in sorted(SUITES_DIR.glob("*.json")) for sc in load_suite(f).scenarios):
         for fam in sc.families:
             for gemm in ("gate_up", "down"):
                 _, _, prob = sc.gemm_problem(fam, gemm)
                 for pol in policies:
-                    add(select(f"{profile}:{sc.profile_deployment}", prob, pol))
+                    add(select(sc.profile(profile, fam), prob, pol))
     for f in sorted((ROOT / "notebooks" / "data").glob("*.csv")):
         rows = (line for line in f.read_text().splitlines() if not line.startswith("#"))
         for row in csv.DictReader(rows):
@@ -120,7 +123,8 @@ def collect(tests: bool = True, tune_scenarios: str | None = None, profile: str 
     if tune_scenarios:
         from chord import tune
 
-        for s in tune.tune_schedules(None, tune_scenarios, profile_file=profile):
+        for s in tune.tune_schedules(tune_suite, None if tune_scenarios == "all" else tune_scenarios,
+                                     profile_file=profile, max_candidates=max_candidates):
             add(s, with_ablations=False)
     return out
 
@@ -149,6 +153,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tests", action="store_true", help="leave out the GPU tests' fuzz and sanitizer schedules")
     ap.add_argument("--tune", default=None, metavar="SCENARIOS",
                     help="also every candidate chord tune times on these comma-separated scenarios")
+    ap.add_argument("--tune-suite", default=None, metavar="SUITE",
+                    help="with --tune: the suite its scenarios come from (default kimi_k2_h200; 'all' in --tune "
+                         "takes every scenario)")
+    ap.add_argument("--max-candidates", type=int, default=24, help="with --tune: as chord tune's (default 24)")
     ap.add_argument("--record", type=Path, action="append", default=None,
                     help="a CHORD_RECORD_KERNELS file of a GPU run (repeatable; default tools/device_kernels.txt "
                          "when it exists)")
@@ -162,7 +170,8 @@ def main(argv=None) -> int:
         os.environ["CHORD_CACHE_DIR"] = str(a.cache_dir)
     records = a.record if a.record is not None else ([DEFAULT_RECORD] if DEFAULT_RECORD.exists() else [])
     try:
-        scheds = collect(tests=not a.no_tests, tune_scenarios=a.tune, profile=a.profile)
+        scheds = collect(tests=not a.no_tests, tune_scenarios=a.tune, profile=a.profile, tune_suite=a.tune_suite,
+                         max_candidates=a.max_candidates)
         pairs = [(sid, cap) for r in records for sid, cap in read_record(r)]
     except (ValueError, FileNotFoundError) as exc:  # an unknown scenario or profile, a bad record
         ap.error(str(exc))

@@ -79,7 +79,7 @@ def main() -> None:
     w13, w2 = ChordAPI.pack(w.q13, w.s13), ChordAPI.pack(w.q2, w.s2)
     data = I.scenario_data(sc, 0, dev)
     fi = I.family_inputs("indexed", data)
-    prof = ChordAPI.profile(a.profile, sc.profile_deployment)
+    prof = ChordAPI.profile(a.profile, sc)
     gate_up, down, gu, _dn, info = _chord_calls("indexed", sc, data, fi, w13, w2, prof)
     s1 = Schedule.from_id(info["schedule_gate_up"])  # the decision _chord_calls made, not a second one
     r1 = ChordAPI.align(data.topk_ids, s1.block_m, sc.experts)

@@ -88,10 +88,14 @@ class ChordAPI:
         return formats.pack_experts(formats.QuantizedExperts(q, scales))
 
     @staticmethod
-    def profile(file: str, deployment: str):
+    def profile(file: str, where):
+        """The profile a suite scenario runs under (its deployment by shape, its role), or a
+        profile entry by name (``"ep8-decode"``)."""
         from chord import schedule
 
-        return schedule.load_profile(f"{file}:{deployment}")
+        if isinstance(where, str):
+            return schedule.load_profile(f"{file}:{where}")
+        return where.profile(file)
 
     @staticmethod
     def select(profile, family: str, experts: int, n: int, k: int, rows: int, top_k: int = 1):
@@ -290,10 +294,10 @@ def run_chord_gpu(selected, opts: BenchOptions, ceilings, common: dict, log) -> 
         for sc, fams in group:
             data = I.scenario_data(sc, opts.seed, dev)
             touched = I.describe_touched(data.topk_ids, sc.experts)
-            profile = ChordAPI.profile(opts.profile_file, sc.profile_deployment)
+            profile = ChordAPI.profile(opts.profile_file, sc)
             for fam in fams:
                 fl = F.scenario_floor(sc, ceilings, touched["experts_touched"], fam)
-                base = dict(common, profile=f"{opts.profile_file}:{sc.profile_deployment}", **touched)
+                base = dict(common, profile=profile.name, role=profile.role, **touched)
                 try:
                     fi = I.family_inputs(fam, data)
                     calls = _chord_calls(fam, sc, data, fi, w13, w2, profile)

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
 FAMILIES = ("indexed", "grouped_contiguous", "grouped_masked")
+DEPLOYMENTS = ("EP8", "EP16", "EP32", "TP8")  # the suites' deployments; `chord tune` may name others
+_DEPLOYMENT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 BASELINES_DIR = Path(__file__).resolve().parent / "baselines"
 DEFAULT_SUITE = SUITES_DIR / "kimi_k2_h200.json"
@@ -30,7 +33,7 @@ class Scenario:
     """One per-GPU MoE shape and load; ``families`` are the kernel families it is run with."""
 
     id: str
-    deployment: str  # "EP8" | "TP8"
+    deployment: str  # "EP8" | "EP16" | "EP32" | "TP8" | "custom"
     experts: int
     n_gate_up: int
     k_gate_up: int
@@ -42,8 +45,9 @@ class Scenario:
     families: tuple[str, ...] = FAMILIES
 
     def __post_init__(self) -> None:
-        if self.deployment not in ("EP8", "TP8"):
-            raise ValueError(f"scenario {self.id!r}: deployment must be 'EP8' or 'TP8', got {self.deployment!r}")
+        if not isinstance(self.deployment, str) or not _DEPLOYMENT_RE.match(self.deployment):
+            raise ValueError(f"scenario {self.id!r}: deployment must be a name such as {', '.join(DEPLOYMENTS)} "
+                             f"(letters, digits, '_'), got {self.deployment!r}")
         for name in ("experts", "n_gate_up", "k_gate_up", "n_down", "k_down", "top_k"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -81,11 +85,28 @@ class Scenario:
         return self.tok_e is not None
 
     @property
+    def role(self) -> str:
+        """The serving role whose rules this scenario is measured under (chord.deployments): a
+        ``decode`` or ``prefill`` scenario id says which; a load given in tokens (TP8) serves both."""
+        if self.tokens is not None:
+            return "both"
+        return "decode" if "decode" in self.id else "prefill"
+
+    @property
     def profile_deployment(self) -> str:
-        """Deployment entry of a Chord profile (``profiles/h200.json``) this scenario runs under."""
-        if self.deployment == "TP8":
-            return "tp8"
-        return "ep8-decode" if "decode" in self.id else "ep8-prefill"
+        """A short label of the deployment and role this scenario runs under (``ep16-decode``,
+        ``tp8``); the rules come from :meth:`profile`."""
+        d = self.deployment.lower()
+        return d if self.role == "both" else f"{d}-{self.role}"
+
+    def profile(self, profile_file: str | None = None, family: str | None = None):
+        """The chord.schedule.Profile that decides this scenario's GEMMs: the profile's deployment
+        that covers its weight shape (chord.deployments; ``custom`` and the heuristic policy when
+        none does), under the scenario's role."""
+        from chord.deployments import profile_for
+
+        return profile_for(family or self.families[0], self.experts, self.n_gate_up, self.k_gate_up,
+                           role=self.role, profile_name=profile_file)
 
     @property
     def weights_key(self) -> tuple:
@@ -226,3 +247,42 @@ def scenarios_by_weights(selected: Selection) -> list[list[tuple[Scenario, tuple
     for item in selected:
         groups.setdefault(item[0].weights_key, []).append(item)
     return list(groups.values())
+
+
+def shape_suite(name: str, experts: int, n_gate_up: int, k_gate_up: int, n_down: int, k_down: int, *,
+                tok_e: Sequence[int] | None = None, tokens: Sequence[int] | None = None, top_k: int = 8,
+                families: Sequence[str] | None = None, split_rows_per_expert: float = 45.255) -> Suite:
+    """A suite of one layer shape at several loads (what `chord tune --experts ...` tunes): with
+    `tok_e`, one scenario per rows-per-expert point, ``<name>-decode-tok<t>`` up to
+    `split_rows_per_expert` (families indexed + grouped_masked) and ``<name>-prefill-tok<t>`` above
+    (indexed + grouped_contiguous); with `tokens`, ``<name>-m<T>`` (indexed). `families` narrows
+    the families."""
+    if (tok_e is None) == (tokens is None):
+        raise ValueError("shape_suite: give exactly one of tok_e (rows per expert) or tokens")
+    loads = list(tok_e if tok_e is not None else tokens)
+    if not loads or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in loads):
+        raise ValueError(f"shape_suite: {'tok_e' if tok_e is not None else 'tokens'} must be positive ints, "
+                         f"got {loads!r}")
+    if len(set(loads)) != len(loads):
+        raise ValueError(f"shape_suite: repeated loads in {loads!r}")
+    want = _split(families)
+    if want is not None:
+        bad = [f for f in want if f not in FAMILIES]
+        if bad:
+            raise ValueError(f"unknown families {bad}; known: {', '.join(FAMILIES)}")
+    dep = name.upper()
+    base = name.lower()
+    scenarios = []
+    for v in sorted(loads):
+        if tok_e is not None:
+            decode = v <= split_rows_per_expert
+            sid = f"{base}-{'decode' if decode else 'prefill'}-tok{v}"
+            fams = ("indexed", "grouped_masked") if decode else ("indexed", "grouped_contiguous")
+            kw = {"tok_e": v}
+        else:
+            sid, fams, kw = f"{base}-m{v}", ("indexed",), {"tokens": v}
+        fams = tuple(f for f in fams if want is None or f in want) or tuple(want or fams)
+        scenarios.append(Scenario(id=sid, deployment=dep, experts=experts, n_gate_up=n_gate_up, k_gate_up=k_gate_up,
+                                  n_down=n_down, k_down=k_down, top_k=top_k, families=fams, **kw))
+    return Suite(base, f"{dep}: {experts} experts, gate_up [{n_gate_up}, {k_gate_up}], down [{n_down}, {k_down}]",
+                 {"top_k": top_k}, {}, tuple(scenarios), "")

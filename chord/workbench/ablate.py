@@ -181,7 +181,7 @@ def pair_schedules(points, variants: dict) -> list[dict]:
         sc = load_suite().scenario(scenario)
         if family not in sc.families:
             raise ValueError(f"pair_schedules: scenario {scenario} runs families {sc.families}, got {family!r}")
-        prof = runner.ChordAPI.profile(gpu_profile_name(), sc.profile_deployment)
+        prof = runner.ChordAPI.profile(gpu_profile_name(), sc)
         s1, s2 = runner.scenario_schedules(family, sc, prof)
         for label, knobs in variants.items():
             v1, v2 = override(s1, **knobs), override(s2, **knobs)
