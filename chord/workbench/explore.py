@@ -13,6 +13,8 @@ from chord.schedule import waves as _waves
 KIMI = {
     # deployment: (experts, hidden K, gate_up N, down K), per GPU
     "ep8": (48, 7168, 4096, 2048),
+    "ep16": (24, 7168, 4096, 2048),
+    "ep32": (12, 7168, 4096, 2048),
     "tp8": (384, 7168, 512, 256),
 }
 
@@ -49,7 +51,7 @@ def waves(tiles: int, sms: int = SMS_H200, ctas_per_sm: int = 1) -> tuple[int, f
 
 
 def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int = SMS_H200,
-                 policy: str | None = None) -> dict:
+                 policy: str | None = None, role: str | None = None) -> dict:
     """The schedule Chord picks for `tok_e` rows per expert (under the selection `policy`:
     default $CHORD_POLICY, see chord.schedule.parse_policy), and what that tile means on the GPU.
 
@@ -61,7 +63,7 @@ def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int
     rows = int(round(tok_e * e))
     top_k = 8 if (family == "indexed" and gemm == "gate_up") else 1
     prob = Problem(family, e, n, k, rows, top_k)
-    dec = explain(profile_for(family, e, n, k), prob, policy)
+    dec = explain(profile_for(family, e, n, k, role=role), prob, policy)
     s = dec.schedule
     m_tiles = token_tiles(e, tok_e, s.block_m)
     tiles = tile_count(e, tok_e, s.block_m, n, s.block_n_cta, s.split_k)
@@ -75,10 +77,11 @@ def decision_row(deployment: str, family: str, gemm: str, tok_e: float, sms: int
         "wave_efficiency": tiles / (n_waves * slots) if n_waves else 0.0,
         "padding": 1.0 - rows / computed if computed else 0.0,
         "profile": dec.profile, "reason": dec.reason, "candidates": [c.id for c in dec.candidates],
+        "covered_by": dec.deployment, "role": dec.role,
     }
 
 
 def sweep_tok_e(deployment: str, family: str, gemm: str, tok_e_values, sms: int = SMS_H200,
-                policy: str | None = None) -> list[dict]:
+                policy: str | None = None, role: str | None = None) -> list[dict]:
     """`decision_row` for each tokens-per-expert value."""
-    return [decision_row(deployment, family, gemm, t, sms, policy) for t in tok_e_values]
+    return [decision_row(deployment, family, gemm, t, sms, policy, role) for t in tok_e_values]

@@ -14,7 +14,8 @@ def decision_html(row: dict) -> str:
             f"{row['tok_e']:g} rows/expert ({row['rows']} routed rows): <code>{html.escape(row['schedule'])}</code>"
             f" — {html.escape(row['reason'])}<br>tiles {row['tiles']} on {row['waves']} wave(s), wave efficiency "
             f"{100 * row['wave_efficiency']:.0f} %, padding {100 * row['padding']:.0f} %<br>"
-            f"<small>profile {html.escape(row['profile'])}; candidates: {cands}</small>")
+            f"<small>profile {html.escape(row['profile'])} (deployment {html.escape(str(row.get('covered_by', '')))}, "
+            f"role {html.escape(str(row.get('role', '')))}); candidates: {cands}</small>")
 
 
 def sweep_figure(rows: list[dict], marker: dict | None = None, widget: bool = False):

@@ -2,7 +2,7 @@
 in place. ipywidgets and plotly are imported when a builder is called."""
 from __future__ import annotations
 
-from chord.workbench.explore import sweep_tok_e
+from chord.workbench.explore import KIMI, sweep_tok_e
 from chord.workbench.figures import decision_html, sweep_figure
 
 TOK_E_GRID = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -20,10 +20,11 @@ def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str =
     import ipywidgets as W
 
     slider = W.SelectionSlider(options=list(TOK_E_GRID), value=tok_e, description="tok_e", continuous_update=False)
-    dep = W.Dropdown(options=["ep8", "tp8"], value=deployment, description="deployment")
+    dep = W.Dropdown(options=list(KIMI), value=deployment, description="deployment")
     fam = W.Dropdown(options=["indexed", "grouped_contiguous", "grouped_masked"], value=family, description="family")
     gem = W.Dropdown(options=["gate_up", "down"], value=gemm, description="GEMM")
     pol = W.Dropdown(options=list(POLICIES), value=policy, description="policy")
+    role = W.Dropdown(options=["both", "decode", "prefill"], value="both", description="role")
     out = W.HTML()
     fig = sweep_figure(sweep_tok_e(deployment, family, gemm, TOK_E_GRID, policy=policy), widget=True)
 
@@ -34,10 +35,10 @@ def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str =
     state.slider, state.html, state.figure, state.policy = slider, out, fig, pol
 
     def current():
-        return sweep_tok_e(dep.value, fam.value, gem.value, [slider.value], policy=pol.value)[0]
+        return sweep_tok_e(dep.value, fam.value, gem.value, [slider.value], policy=pol.value, role=role.value)[0]
 
     def redraw_sweep(_=None):
-        rows = sweep_tok_e(dep.value, fam.value, gem.value, TOK_E_GRID, policy=pol.value)
+        rows = sweep_tok_e(dep.value, fam.value, gem.value, TOK_E_GRID, policy=pol.value, role=role.value)
         fresh = sweep_figure(rows)
         with fig.batch_update():
             by_name = {t.name: t for t in fresh.data}
@@ -56,8 +57,9 @@ def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str =
 
     state.row = current
     slider.observe(refresh, names="value")
-    for w in (dep, fam, gem, pol):
+    for w in (dep, fam, gem, pol, role):
         w.observe(redraw_sweep, names="value")
     refresh()
-    box = W.VBox([W.HBox([dep, fam, gem, pol]), slider, out, fig])
+    state.role = role
+    box = W.VBox([W.HBox([dep, fam, gem, pol, role]), slider, out, fig])
     return box, state
