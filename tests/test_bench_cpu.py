@@ -423,3 +423,18 @@ def test_family_layouts_cover_every_route_once():
         assert torch.equal(rr[rows], torch.arange(sc.rows))
     assert I.rel_err(torch.ones(3), torch.ones(3)) == 0.0
     assert I.rel_err(torch.tensor([float("nan")]), torch.ones(1)) == float("inf")
+
+
+def test_speedup_summary_is_the_geomean_per_deployment():
+    from chord.bench.report import speedup_summary, terminal_table
+
+    def rows(scenario, dep, chord_us, hum_us):
+        base = {"scenario": scenario, "family": "indexed", "deployment": dep, "metric": "time_us"}
+        return [dict(base, provider="chord", p50=chord_us), dict(base, provider="humming", p50=hum_us)]
+
+    result = {"meta": {"humming": {"live": True}},
+              "rows": rows("a", "EP8", 100.0, 120.0) + rows("b", "EP8", 100.0, 80.0) + rows("c", "EP16", 50.0, 100.0)}
+    s = speedup_summary(result)
+    assert s["EP8"][1:] == (2, 1) and abs(s["EP8"][0] - (1.2 * 0.8) ** 0.5) < 1e-12
+    assert s["EP16"] == (2.0, 1, 1) and s["all"][1:] == (3, 2)
+    assert "geomean speed-up: all" in terminal_table(result)

@@ -111,7 +111,30 @@ def terminal_table(result: dict) -> str:
            "Humming: NOT run -- numbers of the committed baseline file (2026-11-29, another run and GPU: "
            "speed-up against them is indicative only), floors of that file for its %")
     note = "times: do_bench median of gate_up + down (us); %fl = 100 * floor / time; speed-up = humming / chord"
-    return "\n".join([title, hum, note, "", _render(header, body)])
+    lines = [title, hum, note, "", _render(header, body)]
+    summary = speedup_summary(result)
+    if summary:
+        lines += ["", "geomean speed-up: " + "; ".join(
+            f"{name} {g:.3f}x over {n} rows ({faster} faster)" for name, (g, n, faster) in summary.items())]
+    return "\n".join(lines)
+
+
+def speedup_summary(result: dict) -> dict:
+    """{"all" | deployment: (geomean speed-up, rows, rows faster than Humming)} over the rows with
+    both a Chord and a Humming time (live Humming, else the committed baseline)."""
+    import math
+
+    dep_of = {r.get("scenario"): r.get("deployment") for r in result.get("rows", []) if r.get("deployment")}
+    groups: dict = {}
+    for c in pivot(result):
+        sp = c.get("speedup")
+        if not sp:
+            continue
+        for name in ("all", dep_of.get(c["scenario"])):
+            if name:
+                groups.setdefault(name, []).append(sp)
+    return {name: (math.exp(sum(map(math.log, v)) / len(v)), len(v), sum(x > 1 for x in v))
+            for name, v in groups.items()}
 
 
 def cpu_table(rows: list[dict]) -> str:
