@@ -683,9 +683,19 @@ def _record_kernel(schedule: "Schedule", tile_group_cap: int) -> None:
 
 
 def precompile(schedules: Iterable["Schedule"], progress: bool = True, jobs: int | None = None) -> list[BuildResult]:
-    """Build every schedule (in parallel processes of nvcc), with an optional progress bar."""
+    """Build every schedule into the cache (in parallel processes of nvcc), with an optional
+    progress bar. Filling the cache is the point, so a cache that cannot be written is a JitError
+    (before any compile when it is read-only or not a folder; after, when it filled up meanwhile)
+    rather than the private folder a single build falls back to."""
     from concurrent.futures import ThreadPoolExecutor
 
+    root = cache_dir()
+    try:
+        (root / "cubin").mkdir(parents=True, exist_ok=True)
+        _stage(root / "cubin", "precompile-check", b"").unlink()
+    except OSError as exc:
+        raise JitError(f"the kernel cache {root} cannot be written ({exc.strerror}); set CHORD_CACHE_DIR to a "
+                       "writable folder") from None
     todo = list(dict.fromkeys(schedules))
     jobs = jobs or max(1, min(len(todo), os.cpu_count() or 1))
     results: list[BuildResult] = []
@@ -695,6 +705,11 @@ def precompile(schedules: Iterable["Schedule"], progress: bool = True, jobs: int
             results.append(res)
             if bar:
                 bar(res)
+    elsewhere = [r for r in results if r.cubin.parent != root / "cubin"]
+    if elsewhere:
+        raise JitError(f"the kernel cache {root} could not be written while precompiling (see the warning): "
+                       f"{len(elsewhere)} of {len(results)} kernels were built into a temporary folder of this "
+                       "process only; free space there or set CHORD_CACHE_DIR to a writable folder with free space")
     return results
 
 

@@ -288,6 +288,34 @@ def test_no_room_anywhere_is_an_error_naming_the_cache_and_the_variable(fake, mo
     assert not list((fake.cache / "cubin").iterdir())
 
 
+def test_precompile_refuses_a_cache_it_cannot_fill(fake, tmp_path, monkeypatch):
+    """precompile exists to fill the cache: no private folder for it. A cache that is not a folder
+    is refused before any compile; a disk that fills meanwhile, after, naming how many kernels."""
+    from chord.schedule import Schedule
+
+    scheds = [Schedule.from_id("idx-m8n128k64-w4-s8-c1"), Schedule.from_id("gmsk-m8n128k64-w4-s8-c1")]
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(tmp_path / "file" / "c"))
+    with pytest.raises(jit.JitError, match=r"kernel cache .*/file/c cannot be written \(Not a directory\); "
+                                            r"set CHORD_CACHE_DIR"):
+        jit.precompile(scheds, progress=False)
+    assert fake.compiles() == 0
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(fake.cache))
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if _under(path, fake.cache) and path.name.startswith(".gmsk"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)  # the disk fills after the first kernel
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        with pytest.raises(jit.JitError, match=r"1 of 2 kernels were built into a temporary folder .*CHORD_CACHE_DIR"):
+            jit.precompile(scheds, progress=False, jobs=1)
+    assert [p.name.split("-")[0] for p in (fake.cache / "cubin").glob("*.cubin")] == ["idx"]
+
+
 def _read_only(monkeypatch, root: Path) -> None:
     """Every write under `root` fails with EROFS, as on a read-only mount (root ignores chmod)."""
     def refuse(path):
