@@ -7,7 +7,9 @@ The whole JIT layer in one module (spec -> codegen -> build -> load, memoized):
 * :func:`build` compiles it with ``nvcc -cubin -gencode=arch=compute_90a,code=sm_90a`` into a
   content-addressed cache (key = hash of the source, every ``csrc`` header, the flags and the
   compiler version), never writing into the installed package. nvcc runs on machines without a
-  GPU, so CI builds every kernel of the default profile.
+  GPU, so CI builds every kernel of the default profile. Every file of the cache is written
+  whole, checked against its sha256 before it is used and built once across processes ("cache
+  files" below, docs/reliability.md).
 * :class:`Kernel` loads the cubin through the CUDA driver API (ctypes, no compiled extension)
   into the current context and launches it on the current torch stream without any host
   synchronization, so launches can be captured in CUDA graphs.
@@ -18,9 +20,11 @@ Environment variables (see README): ``CHORD_CACHE_DIR``, ``CHORD_NVCC``, ``CHORD
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import fcntl
+import glob
 import hashlib
 import os
 import re
@@ -152,42 +156,48 @@ class BuildResult:
     registers: int | None
     spill_bytes: int
     log: str
-
-
-_build_lock = threading.Lock()
+    sha256: str = ""  # of the cubin's bytes as checked (a Kernel loads only bytes with this digest)
 
 
 def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) -> BuildResult:
-    """Compile `source` to a cubin in the cache (or find it there). Thread/process safe."""
+    """Compile `source` to a cubin in the cache (or find it there, checked). Thread/process safe:
+    concurrent callers of one key compile it once (see "cache files" below)."""
     nvcc = nvcc_path()
     flags = [*ARCH_FLAGS, *BASE_FLAGS, *extra_flags, f"-I{csrc_dir()}"]
     key = cache_key(source, flags[:-1], nvcc)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-    out_dir = cache_dir() / "cubin"
-    cubin = out_dir / f"{safe}-{key}.cubin"
-    log_path = cubin.with_suffix(".log")
-    if cubin.exists():
-        with _cache_lock(shared=True):  # a consistent (cubin, digest) pair: no publish in between
-            intact = _intact(cubin)
-            log = log_path.read_text() if intact and log_path.exists() else ""
-        bad, log = _recheck_cached_sass(cubin, log) if intact else ([], log)
-        if intact and not bad:
-            regs, spills = _parse_ptxas(log)
-            return BuildResult(cubin, True, regs, spills, log)
-        if intact:
-            warnings.warn(f"chord: cached kernel {cubin} was built without the SASS check and names "
-                          f"{', '.join(bad)} as a 64-bit memory descriptor (an odd uniform register: a ptxas "
-                          "miscompile that traps, docs/reliability.md); rebuilding it", RuntimeWarning, stacklevel=2)
-        else:
-            warnings.warn(f"chord: cached kernel {cubin} is damaged (not an ELF image, or its bytes differ from the "
-                          "digest written with it); rebuilding it", RuntimeWarning, stacklevel=2)
-        # Not unlinked: the rebuild below publishes its files over these under the exclusive lock,
-        # while an unlink here (unlocked) could delete a good cubin another process just published.
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise JitError(f"kernel cache {out_dir} cannot be created ({exc.strerror}); set CHORD_CACHE_DIR to a "
-                       "writable folder") from None
+    cubin_name, log_name = f"{safe}-{key}.cubin", f"{safe}-{key}.log"
+    unchecked = []  # a fresh build whose SASS could not be read (warned)
+
+    def make() -> dict[str, bytes]:
+        image, log, checked = _compile_cubin(nvcc, flags, source, safe, name)
+        if not checked:
+            unchecked.append(True)
+        return {cubin_name: image, log_name: log.encode()}
+
+    def accept(path: Path, files: dict[str, bytes]) -> str | None:
+        digest = hashlib.sha256(files[cubin_name]).hexdigest()
+        bad, log = _recheck_cached_sass(path, files[log_name].decode("utf-8", "replace"), digest)
+        if bad:
+            return (f"was built without the SASS check and names {', '.join(bad)} as a 64-bit memory descriptor (an "
+                    "odd uniform register: a ptxas miscompile that traps, docs/reliability.md)")
+        files[log_name] = log.encode()
+        return None
+
+    cubin, files, cached = _obtain(cache_dir(), "cubin", cubin_name, (log_name,), make, "cached kernel", accept)
+    if unchecked:  # this process does not try again when it loads the cubin
+        _sass_rechecked.add(str(cubin))
+    log = files[log_name].decode("utf-8", "replace")
+    regs, spills = _parse_ptxas(log)
+    if not cached and flag("CHORD_DUMP_SASS"):
+        dump_sass(cubin)
+    return BuildResult(cubin, cached, regs, spills, log, hashlib.sha256(files[cubin_name]).hexdigest())
+
+
+def _compile_cubin(nvcc: str, flags: Sequence[str], source: str, safe: str, name: str) -> tuple[bytes, str, bool]:
+    """nvcc in a private temporary folder: (cubin bytes, build log, whether its SASS was checked).
+    Raises JitError on a compile error, a persistent odd-register descriptor or (CHORD_PTXAS_CHECK)
+    spills, before anything reaches the cache."""
     with tempfile.TemporaryDirectory(prefix="chord-jit-") as tmp:
         src = Path(tmp, f"{safe}.cu")
         src.write_text(source)
@@ -197,7 +207,7 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise JitError(f"nvcc failed for {name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
-        bad = _sass_odd_descriptors(tmp_cubin, stacklevel=3)
+        bad = _sass_odd_descriptors(tmp_cubin, stacklevel=5)
         checked = bad is not None
         if bad:
             # A known ptxas 13.0 miscompile (docs/reliability.md): a 64-bit memory descriptor (the
@@ -209,89 +219,281 @@ def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) ->
                    f"a ptxas miscompile that traps); rebuilt with {NO_L2_HINT_FLAG}\n" + proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 raise JitError(f"nvcc failed for {name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
-            still = _sass_odd_descriptors(tmp_cubin, stacklevel=3)
+            still = _sass_odd_descriptors(tmp_cubin, stacklevel=5)
             if still:
                 raise JitError(f"{name}: the SASS names {', '.join(still)} as a 64-bit memory descriptor even without "
                                f"L2 cache hints; this kernel would trap (illegal instruction)\n{log}")
             checked = still is not None
         if checked:  # recorded in the log sidecar: a later load of this cubin need not read its SASS again
             log = _with_sass_record(log)
-        else:  # could not check (warned): this process does not try again when it loads the cubin
-            _sass_rechecked.add(str(cubin))
         regs, spills = _parse_ptxas(log)
         if flag("CHORD_PTXAS_CHECK"):
             if spills:
                 raise JitError(f"{name}: ptxas reports {spills} bytes of register spills (CHORD_PTXAS_CHECK=1)\n{log}")
             if _WGMMA_SERIALIZED in log:
                 raise JitError(f"{name}: ptxas serialized the wgmma instructions (CHORD_PTXAS_CHECK=1)\n{log}")
-        # Publish: concurrent builders of one key (threads or processes) each stage complete
-        # files and rename them into place. Their bytes differ (nvcc embeds temporary names), so
-        # the digest and the cubin are renamed together under the cache's exclusive lock, and
-        # readers check the pair under the shared lock: every reader sees one builder's pair.
-        tag = f"{os.getpid()}.{threading.get_ident()}"
-        staged = out_dir / f".{cubin.name}.{tag}"
-        shutil.copyfile(tmp_cubin, staged)
-        staged_digest = out_dir / f".{cubin.name}.sha256.{tag}"
-        staged_digest.write_text(hashlib.sha256(staged.read_bytes()).hexdigest() + "\n")
-        staged_log = out_dir / f".{cubin.name}.log.{tag}"
-        staged_log.write_text(log)
-        with _cache_lock(shared=False):
-            os.replace(staged_digest, _digest_path(cubin))
-            os.replace(staged_log, log_path)
-            os.replace(staged, cubin)
-    if flag("CHORD_DUMP_SASS"):
-        dump_sass(cubin)
-    return BuildResult(cubin, False, regs, spills, log)
+        return tmp_cubin.read_bytes(), log, checked
 
 
 _WGMMA_SERIALIZED = "wgmma.mma_async instructions are serialized"
 
 
-@contextlib.contextmanager
-def _cache_lock(shared: bool):
-    """flock on `<cache>/cubin.lock`: shared to read a (cubin, digest) pair, exclusive to publish
-    one (held for a few renames). Works across threads and processes on one machine."""
-    path = cache_dir() / "cubin.lock"
+# --------------------------------------------------------------------------------------------
+# cache files: written whole, checked before use, built once
+#
+# An entry of the cache is a main file (a cubin, the C launch module of chord.launch) with its
+# companions (a cubin's build log) and a checksum file, `<main stem>.sha256`, in sha256sum's
+# format: one `<sha256>  <file name>` line per file (`sha256sum -c` checks it by hand). Caches
+# written before this format hold one bare `<sha256>` line, the cubin's: still valid (their log is
+# then read unchecked; it is only parsed, never run). The rules:
+#
+# * written whole: each file is staged under a temporary name in its folder (`.<name>.<pid>.<tid>.tmp`),
+#   fsynced and renamed into place (os.replace), the checksum file first and the main file last,
+#   so a main file under its final name is always complete and listed in its checksum file;
+# * checked before use: the main file and every listed companion are read and their sha256
+#   compared with the checksum file before anything parses, imports or loads them; a missing or
+#   unreadable file or checksum file, or any difference, makes the entry damaged: it is rebuilt,
+#   never used, with a one-line RuntimeWarning naming the file;
+# * built once: a builder holds an exclusive flock on `<cache>/locks/<main name>.lock` while it
+#   looks again, compiles and publishes, so concurrent processes (and threads) building one entry
+#   compile it once and the others wait for it; the kernel drops the lock of a killed process, and
+#   the next builder removes the staged files it left;
+# * a cache that cannot be written (read-only, full disk, a path under a file, no permission):
+#   the process builds what it lacks into a private temporary folder used for the rest of its life
+#   (removed at exit) with one warning naming the cache and CHORD_CACHE_DIR; when that folder
+#   cannot be written either, a JitError says so. No entry is ever left half-written.
+#
+# A `.sass` listing (CHORD_DUMP_SASS) is written whole too, with no checksum: chord never reads it.
+
+_SUMS = ".sha256"
+
+
+class _Unwritable(Exception):
+    """A cache folder (or its lock) could not be written."""
+
+    def __init__(self, folder: Path, exc: OSError) -> None:
+        super().__init__(f"{folder}: {exc}")
+        self.folder, self.reason = folder, exc.strerror or str(exc)
+
+
+class _ImageChanged(JitError):
+    """A cubin's bytes differ, when loaded, from those checked when it was built or found."""
+
+
+def _sums_path(main: Path) -> Path:
+    return main.with_suffix(_SUMS)
+
+
+def _parse_sums(text: str, main: str) -> tuple[dict[str, str], bool] | None:
+    """{file name: sha256} of a checksum file and whether it is the old one-line form (its one
+    digest is the main file's); None when it is malformed."""
+    sums: dict[str, str] = {}
+    lines = text.splitlines()
+    for line in lines:
+        digest, rest = line[:64], line[64:]
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            return None
+        if rest == "" and len(lines) == 1:
+            return {main: digest}, True
+        if rest[:2] not in ("  ", " *") or not rest[2:]:
+            return None
+        sums[rest[2:]] = digest
+    return (sums, False) if sums else None
+
+
+def _read_entry(main: Path, companions: Sequence[str] = ()) -> tuple[dict[str, bytes] | None, str | None]:
+    """(files, None): the checked contents of an entry, main file first ({name: bytes}); (None, None)
+    when there is no main file; (None, why) when the entry is damaged."""
     try:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+        data = main.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
     except OSError as exc:
-        if shared:  # a read-only cache (prebuilt, mounted): nobody can publish into it, read as is
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                yield
-                return
-        else:
-            raise JitError(f"kernel cache lock {path} cannot be opened ({exc.strerror}); set CHORD_CACHE_DIR to "
-                           "a writable folder") from None
+        return None, f"it cannot be read: {exc.strerror}"
+    sums_file = _sums_path(main)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _digest_path(cubin: Path) -> Path:
-    return cubin.with_suffix(".sha256")
+        parsed = _parse_sums(sums_file.read_text(encoding="ascii"), main.name)
+    except FileNotFoundError:
+        return None, f"its checksum file {sums_file.name} is missing"
+    except (OSError, UnicodeDecodeError):
+        parsed = None
+    if parsed is None or main.name not in parsed[0]:
+        return None, f"its checksum file {sums_file.name} is unreadable or malformed"
+    sums, old_form = parsed
+    if hashlib.sha256(data).hexdigest() != sums[main.name]:
+        return None, f"its bytes differ from the sha256 in {sums_file.name}: cut short, zeroed or overwritten"
+    if not data.startswith(b"\x7fELF"):
+        return None, "it is not an ELF image"
+    files = {main.name: data}
+    for name in companions:
+        try:
+            files[name] = main.with_name(name).read_bytes()
+        except OSError as exc:
+            if old_form:  # a log of the old form is not checked: read it if it is there
+                files[name] = b""
+                continue
+            return None, f"{name} cannot be read: {exc.strerror}"
+        if not old_form and hashlib.sha256(files[name]).hexdigest() != sums.get(name):
+            return None, f"{name} differs from the sha256 in {sums_file.name}"
+    return files, None
 
 
 def _intact(cubin: Path) -> bool:
-    """A cached cubin is used only when it is an ELF image whose bytes match the digest written
-    with it (a cache from before digests: the ELF check alone). A truncated or overwritten file
-    is rebuilt instead of failing in cuModuleLoadData at launch."""
+    """Whether a cached cubin and its build log are whole and match their checksum file."""
+    return _read_entry(cubin, (cubin.with_suffix(".log").name,))[0] is not None
+
+
+def _stage(folder: Path, name: str, data: bytes) -> Path:
+    """`data` written and fsynced under a temporary name next to `name` (removed on failure)."""
+    tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
-        data = cubin.read_bytes()
-    except OSError:
-        return False
-    if data[:4] != b"\x7fELF":
-        return False
-    digest = _digest_path(cubin)
-    if not digest.exists():
-        return True
+        with open(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def _write_entry(folder: Path, files: dict[str, bytes], keep: Sequence[str] = ()) -> None:
+    """Publish an entry ({name: bytes}, main file first) and its checksum file in `folder`: all
+    staged, then renamed, checksum file first and main file last; `keep`: files already in place
+    with these bytes (not written again). Raises _Unwritable, leaving no staged file behind."""
+    main = next(iter(files))
+    sums = "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in files.items())
+    order = [(_sums_path(folder / main).name, sums.encode())]
+    order += [(name, data) for name, data in [*list(files.items())[1:], (main, files[main])] if name not in keep]
+    staged: list[tuple[Path, Path]] = []
     try:
-        return digest.read_text().strip() == hashlib.sha256(data).hexdigest()
-    except OSError:
-        return False
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in order:
+            staged.append((_stage(folder, name, data), folder / name))
+        for tmp, final in staged:
+            os.replace(tmp, final)
+        with contextlib.suppress(OSError):  # the renames themselves survive a crash
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise _Unwritable(folder, exc) from None
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """One file written whole (staged, fsynced, renamed) with no checksum: what chord never loads."""
+    try:
+        os.replace(_stage(path.parent, path.name, data), path)
+    except OSError as exc:
+        raise JitError(f"cannot write {path} ({exc.strerror}); set CHORD_CACHE_DIR to a writable folder") from None
+
+
+@contextlib.contextmanager
+def _entry_lock(root: Path, name: str):
+    """Exclusive flock on `<root>/locks/<name>.lock` (threads and processes of one machine; the
+    kernel releases it when its holder dies; a thread that holds it already just goes on). Raises
+    _Unwritable when it cannot be created."""
+    path = root / "locks" / f"{name}.lock"
+    held = _held_locks.__dict__.setdefault("paths", set())
+    if str(path) in held:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise _Unwritable(root, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.add(str(path))
+        yield
+    finally:
+        held.discard(str(path))
+        os.close(fd)
+
+
+_held_locks = threading.local()
+_private_roots: dict[str, Path] = {}  # cache root -> this process's private fallback folder
+_private_lock = threading.Lock()
+
+
+def _private_root(root: Path, reason: str) -> Path:
+    """This process's private folder standing in for the cache `root` that cannot be written
+    (`reason`); made, and said, once."""
+    with _private_lock:
+        got = _private_roots.get(str(root))
+        if got is None:
+            try:
+                got = Path(tempfile.mkdtemp(prefix="chord-cache-"))
+            except OSError as exc:
+                raise _Unwritable(Path(tempfile.gettempdir()), exc) from None
+            atexit.register(shutil.rmtree, got, True)
+            warnings.warn(f"chord: the kernel cache {root} cannot be written ({reason}); this process builds what it "
+                          f"lacks into {got} instead, removed at exit: set CHORD_CACHE_DIR to a writable folder "
+                          "with free space to keep them", RuntimeWarning, stacklevel=5)
+            _private_roots[str(root)] = got
+        return got
+
+
+def _obtain(root: Path, sub: str, name: str, companions: Sequence[str], make: Callable[[], dict[str, bytes]],
+            what: str, accept: Callable[[Path, dict[str, bytes]], str | None] | None = None
+            ) -> tuple[Path, dict[str, bytes], bool]:
+    """(path, checked contents, cached) of the entry `<root>/<sub>/<name>` with `companions`,
+    built by `make()` ({name: bytes}, main first) when it is missing or damaged. `accept(path,
+    files)`: a further check of a whole entry (a reason to rebuild it, or None; it may update
+    `files`). Looks in this process's private folder first when the cache could not be written."""
+    damage = None
+    private = _private_roots.get(str(root))
+    for base in ([private] if private else []) + [root]:
+        path = base / sub / name
+        files, why = _read_entry(path, companions)
+        why = f"is damaged ({why})" if why else None
+        if files is not None:
+            why = accept(path, files) if accept else None
+            if why is None:
+                return path, files, True
+        if base is root:
+            damage = why
+    made = None
+    path = root / sub / name
+    try:
+        with _entry_lock(root, name):
+            files, why = _read_entry(path, companions)  # built meanwhile by the lock's last holder?
+            why = f"is damaged ({why})" if why else None
+            if files is not None:
+                why = accept(path, files) if accept else None
+                if why is None:
+                    return path, files, True
+            if why:
+                warnings.warn(f"chord: {what} {path} {why}; rebuilding it", RuntimeWarning, stacklevel=4)
+                damage = None
+            for stale in (name, *companions, _sums_path(path).name):  # left by a killed builder
+                for leftover in path.parent.glob(f".{glob.escape(stale)}.*"):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
+            made = make()
+            _write_entry(path.parent, made)
+            return path, made, False
+    except _Unwritable as exc:
+        if damage:
+            warnings.warn(f"chord: {what} {path} {damage}; rebuilding it", RuntimeWarning, stacklevel=4)
+        try:
+            private = _private_root(root, exc.reason)
+            if made is None:
+                made = make()
+            _write_entry(private / sub, made)
+        except _Unwritable as again:
+            raise JitError(f"the kernel cache {root} cannot be written ({exc.reason}), nor a private folder "
+                           f"{again.folder} ({again.reason}): set CHORD_CACHE_DIR to a writable folder with free "
+                           "space") from None
+        return private / sub / name, made, False
 
 
 def _parse_ptxas(log: str) -> tuple[int | None, int]:
@@ -375,10 +577,11 @@ def _with_sass_record(log: str) -> str:
     return log + ("" if not log or log.endswith("\n") else "\n") + _SASS_CHECKED + "\n"
 
 
-def _recheck_cached_sass(cubin: Path, log: str) -> tuple[list[str], str]:
-    """(odd descriptors, log) of a cached cubin. Its SASS is read only when its log does not record
-    the check and this process has not read it yet; no odd descriptor, or a check that cannot run,
-    gives [] (a clean result is recorded in the log sidecar and the log returned with it)."""
+def _recheck_cached_sass(cubin: Path, log: str, digest: str) -> tuple[list[str], str]:
+    """(odd descriptors, log) of a cached cubin whose checked bytes have sha256 `digest`. Its SASS
+    is read only when its log does not record the check and this process has not read it yet; no
+    odd descriptor, or a check that cannot run, gives [] (a clean result is recorded in the log
+    sidecar and the log returned with it)."""
     global _sass_no_tool_warned
     key = str(cubin)
     if _SASS_CHECKED in log or key in _sass_rechecked:
@@ -389,13 +592,9 @@ def _recheck_cached_sass(cubin: Path, log: str) -> tuple[list[str], str]:
             _sass_no_tool_warned = True
             warnings.warn("chord: cuobjdump not found (next to nvcc or on PATH): cached kernels built without the "
                           "SASS check for ptxas' odd-register memory descriptors (docs/reliability.md) are used "
-                          "unchecked", RuntimeWarning, stacklevel=3)
+                          "unchecked", RuntimeWarning, stacklevel=5)
         return [], log
-    try:
-        digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
-    except OSError:
-        return [], log
-    bad = _sass_odd_descriptors(cubin, stacklevel=4)
+    bad = _sass_odd_descriptors(cubin, stacklevel=6)
     if bad:
         return bad, log  # not remembered: the caller rebuilds it, and the new build records its check
     _sass_rechecked.add(key)
@@ -406,41 +605,40 @@ def _recheck_cached_sass(cubin: Path, log: str) -> tuple[list[str], str]:
 
 def _record_sass_check(cubin: Path, digest: str, log: str) -> str:
     """Add _SASS_CHECKED to the log sidecar of `cubin` if its bytes are still those checked
-    (`digest`), under the cache's exclusive lock so no builder publishes a new pair in between.
+    (`digest`), with a new checksum file, under the entry's lock so no builder publishes in between.
     Returns the log with the record; best effort (a read-only cache keeps only the process memo)."""
-    log_path = cubin.with_suffix(".log")
-    staged = cubin.parent / f".{log_path.name}.{os.getpid()}.{threading.get_ident()}"
+    global _sass_record_warned
+    log_name = cubin.with_suffix(".log").name
     try:
-        with _cache_lock(shared=False):
-            if hashlib.sha256(cubin.read_bytes()).hexdigest() != digest:
+        with _entry_lock(cubin.parent.parent, cubin.name):
+            files, _ = _read_entry(cubin, (log_name,))
+            if files is None or hashlib.sha256(files[cubin.name]).hexdigest() != digest:
                 return log  # replaced meanwhile: the new build carries its own record
-            current = log_path.read_text() if log_path.exists() else log
+            current = files[log_name].decode("utf-8", "replace")
             if _SASS_CHECKED not in current:
-                staged.write_text(_with_sass_record(current))
-                os.replace(staged, log_path)
-            return log_path.read_text()
-    except (OSError, JitError):
-        global _sass_record_warned
-        with contextlib.suppress(OSError):
-            staged.unlink()
+                current = _with_sass_record(current)
+                files[log_name] = current.encode()
+                _write_entry(cubin.parent, files, keep=(cubin.name,))
+            return current
+    except _Unwritable:
         if not _sass_record_warned:
             _sass_record_warned = True
             warnings.warn(f"chord: the kernel cache {cubin.parent} cannot record SASS checks (read-only?): cached "
                           "kernels built without the record are checked again by every process that loads them "
                           "(~0.3 s each); rebuild or re-pack the cache where it is writable (tools/device_cache.py)",
-                          RuntimeWarning, stacklevel=4)
+                          RuntimeWarning, stacklevel=6)
         return _with_sass_record(log)
 
 
 def dump_sass(cubin: Path) -> Path:
-    """Write `cuobjdump --dump-sass` of a cubin next to it and return the path."""
+    """Write `cuobjdump --dump-sass` of a cubin next to it (whole: staged and renamed) and return the path."""
     out = run_cuobjdump(cubin)
     if out is None:
         raise JitError(f"cuobjdump not found (next to {nvcc_path()} or on PATH): cannot dump the SASS of {cubin}")
     if out.returncode != 0:
         raise JitError(f"cuobjdump failed on {cubin}: {out.stderr}")
     path = cubin.with_suffix(".sass")
-    path.write_text(out.stdout)
+    _write_file(path, out.stdout.encode())
     return path
 
 
@@ -485,9 +683,19 @@ def _record_kernel(schedule: "Schedule", tile_group_cap: int) -> None:
 
 
 def precompile(schedules: Iterable["Schedule"], progress: bool = True, jobs: int | None = None) -> list[BuildResult]:
-    """Build every schedule (in parallel processes of nvcc), with an optional progress bar."""
+    """Build every schedule into the cache (in parallel processes of nvcc), with an optional
+    progress bar. Filling the cache is the point, so a cache that cannot be written is a JitError
+    (before any compile when it is read-only or not a folder; after, when it filled up meanwhile)
+    rather than the private folder a single build falls back to."""
     from concurrent.futures import ThreadPoolExecutor
 
+    root = cache_dir()
+    try:
+        (root / "cubin").mkdir(parents=True, exist_ok=True)
+        _stage(root / "cubin", "precompile-check", b"").unlink()
+    except OSError as exc:
+        raise JitError(f"the kernel cache {root} cannot be written ({exc.strerror}); set CHORD_CACHE_DIR to a "
+                       "writable folder") from None
     todo = list(dict.fromkeys(schedules))
     jobs = jobs or max(1, min(len(todo), os.cpu_count() or 1))
     results: list[BuildResult] = []
@@ -497,6 +705,11 @@ def precompile(schedules: Iterable["Schedule"], progress: bool = True, jobs: int
             results.append(res)
             if bar:
                 bar(res)
+    elsewhere = [r for r in results if r.cubin.parent != root / "cubin"]
+    if elsewhere:
+        raise JitError(f"the kernel cache {root} could not be written while precompiling (see the warning): "
+                       f"{len(elsewhere)} of {len(results)} kernels were built into a temporary folder of this "
+                       "process only; free space there or set CHORD_CACHE_DIR to a writable folder with free space")
     return results
 
 
@@ -622,13 +835,21 @@ def driver() -> _Driver:
 
 
 class Kernel:
-    """A loaded cubin function; one CUmodule per device."""
+    """A loaded cubin function; one CUmodule per device. `sha256`: the digest its bytes must have
+    (what the cache checked: kernels of the cache are loaded only with theirs; read once here, the
+    image handed to the driver is the one checked)."""
 
-    def __init__(self, cubin: Path, name: str = KERNEL_NAME, smem_bytes: int = 0) -> None:
+    def __init__(self, cubin: Path, name: str = KERNEL_NAME, smem_bytes: int = 0, sha256: str | None = None) -> None:
         self.cubin = Path(cubin)
         self.name = name
         self.smem_bytes = smem_bytes
-        self._image = self.cubin.read_bytes()
+        try:
+            self._image = self.cubin.read_bytes()
+        except OSError as exc:
+            raise _ImageChanged(f"{self.cubin} cannot be read ({exc.strerror})") from None
+        if sha256 is not None and hashlib.sha256(self._image).hexdigest() != sha256:
+            raise _ImageChanged(f"{self.cubin} changed after it was checked (its bytes no longer match the sha256 "
+                                "of its checksum file)")
         self._funcs: dict[int, ctypes.c_void_p] = {}
         self._occupancy: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
@@ -787,19 +1008,29 @@ def _driver_launch_ex(*args):
 
 def compile_source(source: str, kernel_name: str, smem_bytes: int = 0, name: str | None = None) -> Kernel:
     """Compile an arbitrary source (e.g. a rendered elementwise kernel) and return its Kernel."""
-    res = build(source, name=name or kernel_name)
-    return _kernel_for(str(res.cubin), kernel_name, smem_bytes)
+    return _load_checked(lambda: build(source, name=name or kernel_name), kernel_name, smem_bytes)
 
 
 @lru_cache(maxsize=None)
-def _kernel_for(cubin: str, kernel_name: str, smem_bytes: int) -> Kernel:
-    return Kernel(Path(cubin), kernel_name, smem_bytes)
+def _kernel_for(cubin: str, kernel_name: str, smem_bytes: int, sha256: str | None = None) -> Kernel:
+    return Kernel(Path(cubin), kernel_name, smem_bytes, sha256)
+
+
+def _load_checked(build_fn: Callable[[], BuildResult], kernel_name: str, smem_bytes: int) -> Kernel:
+    """The Kernel of `build_fn()`'s cubin, its bytes checked against the build's digest (once per
+    process and file: _kernel_for is memoized); a file changed in between is built again, once."""
+    res = build_fn()
+    try:
+        return _kernel_for(str(res.cubin), kernel_name, smem_bytes, res.sha256)
+    except _ImageChanged as exc:
+        warnings.warn(f"chord: {exc}; rebuilding it", RuntimeWarning, stacklevel=3)
+    res = build_fn()
+    return _kernel_for(str(res.cubin), kernel_name, smem_bytes, res.sha256)
 
 
 @lru_cache(maxsize=None)
 def kernel_for_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> Kernel:
-    res = build_schedule(schedule, tile_group_cap)
-    return _kernel_for(str(res.cubin), KERNEL_NAME, schedule.smem_bytes)
+    return _load_checked(lambda: build_schedule(schedule, tile_group_cap), KERNEL_NAME, schedule.smem_bytes)
 
 
 # --------------------------------------------------------------------------------------------

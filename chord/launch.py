@@ -21,7 +21,8 @@ ablation ``tools/host_time.py`` measures.
 
 The module is compiled at first use with the system C compiler (``$CC``, else ``cc``) against
 this Python's headers, into the kernel cache (``$CHORD_CACHE_DIR/host``), and needs no torch
-headers. Where it cannot be built or the CUDA driver is missing, :func:`status` says why and
+headers. Like a cubin, it is written whole with a checksum file and imported only when its bytes
+match it (chord.jit, "cache files"): a damaged file is rebuilt, never loaded. Where it cannot be built or the CUDA driver is missing, :func:`status` says why and
 every call takes the Python path.
 """
 from __future__ import annotations
@@ -81,8 +82,11 @@ def _compiler() -> str | None:
 
 def build_module(cache: Path | None = None):
     """Compile (once per source, Python and compiler; cached) and import the C module, unconfigured.
+    The cached file is an entry of the kernel cache (chord.jit, "cache files"): written whole,
+    and imported only once its bytes match its checksum file (`<name>.sha256`); a damaged file
+    (cut short, zeroed, overwritten, or without its checksum file) is built again, never imported.
     Raises RuntimeError with the compiler's output when it cannot be built."""
-    from chord.jit import cache_dir
+    from chord.jit import _obtain, cache_dir
 
     src = _source()
     cc = _compiler()
@@ -94,32 +98,25 @@ def build_module(cache: Path | None = None):
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     h = hashlib.sha256(src.read_bytes())
     h.update(f"{sys.version}|{include}|{cc}|{suffix}".encode())
-    out_dir = (cache or cache_dir()) / "host"
-    so = out_dir / f"_chord_launch-{h.hexdigest()[:16]}{suffix}"
-    if not so.exists():
-        _compile(cc, include, src, so)
-    try:
-        mod = _import(so)
-    except ImportError:  # a damaged cached file (truncated, overwritten): build it again, once
-        _compile(cc, include, src, so)
-        mod = _import(so)
+    name = f"_chord_launch-{h.hexdigest()[:16]}{suffix}"
+    so, _, _ = _obtain(Path(cache) if cache is not None else cache_dir(), "host", name, (),
+                       lambda: {name: _compile(cc, include, src, name)}, "cached C launch module")
+    mod = _import(so)
     if mod.plan_bytes() != PLAN.size:
         raise RuntimeError(f"{src}: sizeof(Plan) = {mod.plan_bytes()}, but chord.launch packs {PLAN.size} bytes")
     return mod
 
 
-def _compile(cc: str, include: str, src: Path, so: Path) -> None:
-    so.parent.mkdir(parents=True, exist_ok=True)
+def _compile(cc: str, include: str, src: Path, name: str) -> bytes:
+    """The module's bytes, compiled in a private temporary folder."""
     with tempfile.TemporaryDirectory(prefix="chord-host-") as tmp:
-        tmp_so = Path(tmp, so.name)
+        tmp_so = Path(tmp, name)
         cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}", str(src),
                "-o", str(tmp_so)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
-        staged = so.parent / f".{so.name}.{os.getpid()}.{threading.get_ident()}"
-        shutil.copyfile(tmp_so, staged)
-        os.replace(staged, so)  # concurrent builders publish whole files
+        return tmp_so.read_bytes()
 
 
 def _import(so: Path):

@@ -1,6 +1,8 @@
 """The JIT layer on a machine without a GPU: rendering, cache keys, and compiling every kernel
 the default profile can select (nvcc builds sm_90a code without a GPU, so a template error fails
 CI here)."""
+import errno
+import hashlib
 import os
 import shutil
 
@@ -303,8 +305,11 @@ def test_a_clean_unchecked_cubin_is_checked_once_and_the_check_recorded(fake_too
     assert jit.build("clean\n", name="clean").cached and tools.calls() == 1  # once per process
     tools.new_process()
     assert jit.build("clean\n", name="clean").cached and tools.calls() == 1  # and recorded for the next
-    # a cache the record cannot be written into (read-only): the process memo still reads it once
+    # a cache the record cannot be written into (read-only): the process memo still reads it once.
+    # The entry as caches written before checksummed logs hold it: the log, and a checksum file of
+    # one bare line (the cubin's sha256)
     log_path.write_text(old.log)
+    old.cubin.with_suffix(".sha256").write_text(hashlib.sha256(old.cubin.read_bytes()).hexdigest() + "\n")
     tools.new_process()
     monkeypatch.setattr(jit, "_record_sass_check", lambda cubin, digest, log: log)
     jit.build("clean\n", name="clean")
@@ -320,16 +325,13 @@ def test_a_cache_that_cannot_take_the_record_says_so_once(fake_toolchain, monkey
     _unchecked_build(tools, "ro-a\n", "ro_a")
     _unchecked_build(tools, "ro-b\n", "ro_b")
     tools.new_process()
-    real = jit._cache_lock
 
     @contextlib.contextmanager
-    def read_only(shared):
-        if not shared:
-            raise jit.JitError("kernel cache lock cannot be opened (Read-only file system)")
-        with real(shared=True):
-            yield
+    def read_only(root, name):
+        raise jit._Unwritable(root / "locks", OSError(errno.EROFS, os.strerror(errno.EROFS)))
+        yield
 
-    monkeypatch.setattr(jit, "_cache_lock", read_only)
+    monkeypatch.setattr(jit, "_entry_lock", read_only)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         a, b = jit.build("ro-a\n", name="ro_a"), jit.build("ro-b\n", name="ro_b")

@@ -85,10 +85,10 @@ def t(*shape, dtype=torch.bfloat16):
 def test_module_is_built_once_and_matches_the_plan_layout(fast, tmp_path):
     mod, _ = fast
     assert mod.plan_bytes() == launch.PLAN.size == 384
-    built = list((tmp_path / "host").glob("_chord_launch-*"))
-    assert len(built) == 1
+    built = sorted((tmp_path / "host").glob("_chord_launch-*"))
+    assert [p.suffix for p in built] == [".sha256", ".so"]  # the module and its checksum file
     again = launch.build_module()  # cached: no second file
-    assert list((tmp_path / "host").glob("_chord_launch-*")) == built and again.plan_bytes() == 384
+    assert sorted((tmp_path / "host").glob("_chord_launch-*")) == built and again.plan_bytes() == 384
 
 
 def test_signature_covers_every_checked_property(fast):
@@ -225,13 +225,15 @@ def test_switch_and_status(monkeypatch):
 
 
 def test_a_damaged_cached_module_is_rebuilt(fast, tmp_path):
-    """A cached module that does not load (truncated, overwritten) is built again. (Another cache
-    dir: the fixture's module is mapped into this process, so its file is never rewritten here.)"""
-    name = next((tmp_path / "host").glob("_chord_launch-*")).name
+    """A cached module without its checksum file is built again, never imported (every kind of
+    damage, each loaded in a child process: tests/test_cache.py). (Another cache dir: the fixture's
+    module is mapped into this process.)"""
+    name = next((tmp_path / "host").glob("_chord_launch-*.so")).name
     other = tmp_path / "other"
     (other / "host").mkdir(parents=True)
     (other / "host" / name).write_bytes(b"not an ELF file")
-    mod = launch.build_module(cache=other)
+    with pytest.warns(RuntimeWarning, match=f"cached C launch module .*{name} is damaged"):
+        mod = launch.build_module(cache=other)
     assert mod.plan_bytes() == launch.PLAN.size and (other / "host" / name).read_bytes()[:4] == b"\x7fELF"
 
 
