@@ -64,7 +64,7 @@ def estimate(s: Schedule, p: Problem) -> Estimate:
     padded = m_tiles * s.block_m
     weight_bytes = math.ceil(touched) * p.n * p.k * BYTES_PER_WEIGHT
     act_bytes = rows * p.k * 2 * max(1, grid_n // max(1, s.raster or 1) if s.mainloop == "wgmma" else 1)
-    out_bytes = rows * p.n * 2 * (2 if s.split_k > 1 else 1)
+    out_bytes = rows * p.n * (2 + 8 * (s.split_k - 1))  # split-K: fp32 partials written and read back
     memory_us = (weight_bytes + min(act_bytes, rows * p.k * 2 * 8) + out_bytes) / BANDWIDTH_B_PER_US
     # Little's law: an SM streams at its share of the bandwidth only with enough bytes in flight
     stage_bytes = s.block_n_cta * K_BLOCK * BYTES_PER_WEIGHT + s.block_m * K_BLOCK * 2
@@ -72,6 +72,10 @@ def estimate(s: Schedule, p: Problem) -> Estimate:
     in_flight = resident * s.stages * stage_bytes
     memory_us *= max(1.0, IN_FLIGHT_BYTES_PER_SM / in_flight)
     compute_us = 2.0 * padded * p.n * p.k / RATE_FLOP_PER_US[s.mainloop]
+    # the tensor pipe waits on copies a shallow ring cannot hide (5-stage wgmma rings timed 5-12 %
+    # faster than 3-stage ones at 64-512 rows per expert on the H200, 2026-12-03)
+    if s.mainloop == "wgmma":
+        compute_us *= 1.0 + 0.04 * max(0, 5 - s.stages)
     # a K loop shorter than the ring never fills it: latency, not bandwidth
     ring_fill = min(1.0, (p.k // K_BLOCK) / max(1, s.split_k) / max(1, s.stages))
     us = max(memory_us, compute_us) / eff / max(ring_fill, 0.5)

@@ -241,7 +241,9 @@ def test_tuning_candidates_put_the_seeds_first_and_cut_the_rest():
     heur = explain("h200:ep8-decode", prob, "heuristic").schedule
     ep8 = explain("h200:ep8-decode", prob, "profile").schedule  # the nearest tuned deployment's rule
     assert c[0] == default and heur in c[:3] and ep8 in c[:3]
-    assert 10 <= len(c) <= 13 and len(set(c)) == len(c)
+    assert len(c) >= 10 and len(set(c)) == len(c)
+    split = [i for i, s in enumerate(c) if s.split_k > 1 or s.stream_k]
+    assert split and min(split) > max(i for i, s in enumerate(c) if i not in split)  # the variants come last
     # precompile --tune builds exactly what the tune times
     built = set(tune.tune_schedules(suite=load_suite("kimi_k2_h200_large_ep"), scenario_ids="ep16-decode-tok4",
                                     families="indexed", max_candidates=10))
@@ -261,3 +263,20 @@ def test_timing_cache_round_trip(tmp_path):
     assert c.key("NVIDIA H100", s, p, 100, 25) != key  # another GPU is another measurement
     (tmp_path / "bad.json").write_text("{not json")
     assert tune.TimingCache(tmp_path / "bad.json").data == {}  # a damaged file is ignored, not fatal
+
+
+def test_same_arithmetic_and_wave_fill_variants():
+    base = Schedule("indexed", 8, 256, 4, 6, 2)
+    assert tune.same_arithmetic(Schedule("indexed", 8, 128, 4, 8, 1), base)  # tiling and ring only
+    for other in (Schedule("indexed", 8, 256, 4, 6, 2, fold=1), Schedule("indexed", 8, 256, 4, 6, 2, 2),
+                  Schedule("indexed", 8, 256, 4, 6, 2, stream_k=1)):
+        assert not tune.same_arithmetic(other, base)
+    sc = load_suite("kimi_k2_h200_large_ep").scenario("ep16-decode-tok1")
+    n, k, prob = sc.gemm_problem("indexed", "gate_up")
+    ranked = cost.rank(tune.candidates("indexed", n, sc.rows_per_expert, k=k), prob, 24)
+    extra = tune.wave_fill_variants("indexed", prob, ranked)
+    assert extra and {s.split_k for s in extra} >= {2, 3, 4} and any(s.stream_k for s in extra)
+    assert all(cost.estimate(s, prob).units > 0 and (k // 64) // s.split_k >= 8 for s in extra)
+    # a grid of many waves (EP8 down at 32 rows per expert) gets none
+    big = Problem("indexed", 48, 7168, 2048, 48 * 32, 1)
+    assert not tune.wave_fill_variants("indexed", big, [Schedule("indexed", 32, 64, 4, 4, 2)])
