@@ -785,12 +785,25 @@ POLICY_RULES = {
                          "copy (tma_x) and CTA pairs on neighbouring N blocks (cluster_n 2, where the N-block count "
                          "is even), measured 2-4 % faster on the 256-row tile at tok256 / tok512 contiguous and "
                          "neutral to slower on 32-128-row tiles; off: the cp.async gather, CTAs in grid order",
+    "decode_stream_tile": "mma token tiles of at most 16 rows (decode) at K >= 4096 where N has 8+ 256-feature blocks: "
+                          "BN 256 on 4 warps with a 6-stage ring (~55 KB of weights in flight per CTA) whatever "
+                          "the waves: timed 5-19 % faster than the wave-aware 128-wide, 8-stage tile at 1-12 rows "
+                          "per expert with 12 and 24 local experts (EP32 / EP16 gate_up, H200 2026-12-03, "
+                          "chord tune of the large-EP suite); off: wave_aware_bn and buffered_k decide",
+    "split_k_fill": "mma tiles whose grid fills more than half but at most 3/4 of one wave of CTA slots, K "
+                    "long (>= 64 K blocks): split-K 2 so the last wave is full (EP32 decode gate_up: 64 vs 69 us "
+                    "at 2 rows per expert, 72 vs 80 us at 12, H200 2026-12-03); off: split_k_gate alone",
     "buffered_k": "grouped decode on the mma loop keeps about 512 K elements in flight per CTA (a ring of 8 "
                   "stages of 64) at the most CTAs per SM whose ring fits in shared memory: the depth the "
                   "heuristic already chose, now a switchable rule (768 measured 11-12 % slower on 32-row masked "
                   "blocks; 4 stages within 3 % either way); off: the knob default ring, 4 stages (256 K)",
 }
 BUFFERED_K_ELEMS = 512  # K elements in flight per CTA for grouped decode (the buffered_k rule)
+DECODE_STREAM_MIN_K_BLOCKS = 64  # decode_stream_tile: from K = 4096 (gate_up; EP down has K = 2048)
+DECODE_STREAM_STAGES = 6  # decode_stream_tile's ring: 6 x 64 K of a 256-feature tile
+DECODE_STREAM_MIN_N = 2048  # ... where N has at least 8 such blocks (measured at N = 4096; TP8's N = 512 is not)
+SPLIT_FILL_MAX = 0.75  # split_k_fill: a grid of at most this fraction of one wave (and more than half)
+SPLIT_FILL_MIN_K_BLOCKS = 64
 SMS_H200 = 132
 SMEM_PER_SM = 228 * 1024
 WGMMA_MIN_ROWS_PER_EXPERT = 40  # rows per touched expert above which the heuristic takes wgmma (wide_warp_tiles off)
@@ -991,6 +1004,10 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
     # BN = 256 needs (for wgmma) 16 warps whose registers hold block_m/2 accumulators each
     s128 = _fitted(p.family, mainloop, bm, 128, p.n, depth)
     s256 = _fitted(p.family, mainloop, bm, 256, p.n, depth) if p.n % 256 == 0 else None
+    stream = (policy.on("decode_stream_tile") and mainloop == "mma" and bm <= 16 and kb >= DECODE_STREAM_MIN_K_BLOCKS
+              and p.n % 256 == 0 and p.n >= DECODE_STREAM_MIN_N)
+    if stream:
+        s256 = _fitted(p.family, mainloop, bm, 256, p.n, DECODE_STREAM_STAGES) or s256
     if s128 is None and s256 is None:  # the widest legal tile for a tall block_m
         raise ValueError(f"heuristic: no legal schedule for {p} with block_m {bm}")
     chosen = s128 or s256
@@ -1003,7 +1020,11 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
         why.append("wide_warp_tiles off: one weight tile per warp")
     elif mainloop == "wgmma" and not wide:
         why.append(f"wide_warp_tiles: not at {kb} K blocks (short K: one weight tile per warp, n_tiles)")
-    if swide is None and policy.on("wave_aware_bn") and s256 is not None:
+    if swide is None and stream and s256 is not None:
+        chosen = s256
+        why.append(f"decode_stream_tile: BN 256, {s256.stages} stages ({kb} K blocks of a decode tile: bytes in flight "
+                   "over waves)")
+    elif swide is None and policy.on("wave_aware_bn") and s256 is not None:
         t256, slots256 = tiles_of(s256)
         w, last = waves(t256, slots256)
         if t256 >= slots256 and last >= 0.9 or s128 is None:
@@ -1044,6 +1065,10 @@ def _heuristic_decision(profile: Profile, problem: Problem, policy: Policy) -> D
                        f"{100 * tiles / slots:.0f} %)")
     elif not policy.on("split_k_gate"):
         why.append("split_k_gate off: no split-K")
+    elif (policy.on("split_k_fill") and mainloop == "mma" and slots < 2 * tiles <= 2 * SPLIT_FILL_MAX * slots
+          and kb >= SPLIT_FILL_MIN_K_BLOCKS and 2 in KNOB["split_k"].legal):
+        extra["split_k"] = 2
+        why.append(f"split_k_fill: split-K 2 ({tiles} tiles fill {100 * tiles / slots:.0f} % of one wave of {slots})")
     if extra:
         chosen = _refit(chosen, extra, why)
     cands = tuple(s for s in (s128, s256, swide) if s is not None)
