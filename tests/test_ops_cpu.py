@@ -21,10 +21,12 @@ def weights(e=E, n=N, k=K):
 def indexed_args(**over):
     qw, sc = weights()
     m, top_k, bm = 5, 2, 8
-    a = dict(x=torch.randn(m, K).bfloat16(), qweight=qw, scales=sc,
-             sorted_ids=torch.full((64,), m * top_k, dtype=torch.int32),
+    # consistent routing: the 10 routes in expert 0's two blocks (the second padded), then padding
+    sorted_ids = torch.full((64,), m * top_k, dtype=torch.int32)
+    sorted_ids[:m * top_k] = torch.arange(m * top_k, dtype=torch.int32)
+    a = dict(x=torch.randn(m, K).bfloat16(), qweight=qw, scales=sc, sorted_ids=sorted_ids,
              expert_ids=torch.zeros(8, dtype=torch.int32),
-             num_tokens_post_padded=torch.tensor([8], dtype=torch.int32),
+             num_tokens_post_padded=torch.tensor([16], dtype=torch.int32),
              out=torch.empty(m * top_k, N, dtype=torch.bfloat16), top_k=top_k, block_m=bm,
              schedule=Schedule("indexed", bm, 128, 4, 4, 1).id)
     a.update(over)
