@@ -610,3 +610,13 @@ def test_activation_expressions_at_the_bounds_still_evaluate():
 
     assert float(_cexpr.evaluate("(" * 63 + "a" + ")" * 63, torch.ones(1))[0]) == 1.0
     assert float(_cexpr.evaluate("+".join(["a"] * 257), torch.ones(1))[0]) == 257.0
+
+
+@pytest.mark.parametrize("text, word", [("{scenarios: [", "not valid JSON"), ("[1, 2]", "must be a JSON object")])
+def test_a_malformed_suite_file_is_named(tmp_path, text, word):
+    from chord.bench.suite import load_suite
+
+    path = tmp_path / "suite.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"^suite file {re.escape(repr(str(path)))}.*{word}"):
+        load_suite(path)
