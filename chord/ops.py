@@ -214,28 +214,19 @@ def _checks_routing(check: bool | None, t: torch.Tensor) -> bool:
 # where the values live (for CPU tensors no sync at all) reduce them to a handful of numbers, read
 # back together. Only when one says the routing is bad are the tensors copied to the host and
 # looked at in detail for the message.
-_POSITIONS: dict = {}
+_KEPT: dict = {}
 
 
-def _positions(n: int, device: torch.device) -> torch.Tensor:
-    """int32 arange(n) on `device`, kept for the next call of the same size."""
-    key = (n, device)
-    t = _POSITIONS.get(key)
+def _kept(kind: str, n: int, device: torch.device) -> torch.Tensor:
+    """int32 arange(n) ("positions") or ones(n) ("ones") on `device`, kept for the next call of the
+    same size (the checked read runs once per call)."""
+    key = (kind, n, device)
+    t = _KEPT.get(key)
     if t is None:
-        if len(_POSITIONS) >= 64:
-            _POSITIONS.clear()
-        t = _POSITIONS[key] = torch.arange(n, dtype=torch.int32, device=device)
-    return t
-
-
-def _ones(n: int, device: torch.device) -> torch.Tensor:
-    """int32 ones(n) on `device`, kept like _positions."""
-    key = (n, device, "ones")
-    t = _POSITIONS.get(key)
-    if t is None:
-        if len(_POSITIONS) >= 64:
-            _POSITIONS.clear()
-        t = _POSITIONS[key] = torch.ones(n, dtype=torch.int32, device=device)
+        if len(_KEPT) >= 64:
+            _KEPT.clear()
+        make = torch.arange if kind == "positions" else torch.ones
+        t = _KEPT[key] = make(n, dtype=torch.int32, device=device)
     return t
 
 
@@ -259,13 +250,13 @@ def _check_indexed_values(fn, sorted_ids, expert_ids, num_tokens_post_padded, nu
             _indexed_violation(fn, sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid,
                                all_routes)
         return
-    live = _positions(cap, sorted_ids.device) < used  # positions below the padded count
+    live = _kept("positions", cap, sorted_ids.device) < used  # positions below the padded count
     v = torch.where(live, sorted_ids[:cap], num_valid)  # live ids; padding elsewhere
     b = torch.where(live[::block_m], expert_ids[:blocks], -1)  # live blocks' experts; -1 elsewhere
     pad = (v == num_valid).view(blocks, block_m)
     # (index_add_, not bincount: bincount reads its input's max on the host to size its output)
     counts = torch.zeros(num_valid + 1, dtype=torch.int32, device=v.device).index_add_(
-        0, v.clamp(0, num_valid), _ones(cap, v.device))[:num_valid]
+        0, v.clamp(0, num_valid), _kept("ones", cap, v.device))[:num_valid]
     parts = [used[0], *v.aminmax(), *b.aminmax(),
              (pad[:, :-1] > pad[:, 1:]).any() | (pad[:, 0] & live[::block_m]).any()]  # route after padding; padding alone
     if blocks > 1:  # a padded block continued by its expert

@@ -151,14 +151,6 @@ def test_meta_calls_validate_then_need_a_gpu(check, routing_check):
                             Schedule("grouped_masked", 8, 128, 4, 4, 1).id, check_routing=check)
 
 
-@pytest.fixture
-def routing_check():
-    before = chord.ops._check_routing
-    chord.ops.check_routing(True)
-    yield
-    chord.ops.check_routing(before)
-
-
 def test_routing_values_are_checked_by_default(monkeypatch):
     from chord._env import flag
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import chord.ops
 from chord import checks, formats, ops, routing
 from chord.schedule import Schedule
 
@@ -27,14 +26,6 @@ SMSK = Schedule("grouped_masked", 8, 128, 4, 4, 1).id
 
 class Sub(torch.Tensor):
     """A tensor subclass (what `as_subclass` makes): real storage, not a plain tensor."""
-
-
-@pytest.fixture
-def routing_check():
-    before = chord.ops._check_routing
-    chord.ops.check_routing(True)
-    yield
-    chord.ops.check_routing(before)
 
 
 def _weights(e=E, n=N, k=K):
