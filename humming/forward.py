@@ -277,12 +277,16 @@ def check_layer_tensors(config: LayerConfig, weight: Any, weight_scale: Any, fn:
     and `weight_scale` of the config's experts and padded N and K, and for a layer padded along N
     (``pad_shape_n``) zero scales in the padding rows, as
     :func:`humming.transform.prepare_and_transform_humming_tensors` writes them: another layer's
-    weights of the padded size would fill them. Shapes are compared on every checked call; the
-    padding (one device reduction over the padding rows) once per weight tensor, outside CUDA-graph
-    capture and torch.compile tracing. Other problems of the tensors (dtype, device, layout) are
-    chord.ops' to name."""
+    weights of the padded size would fill them. Checked once per (layer shape, weight tensor) and
+    remembered (a later call is one dict lookup); the padding (one device reduction over the
+    padding rows) outside CUDA-graph capture and torch.compile tracing. Other problems of the
+    tensors (dtype, device, layout) are chord.ops' to name."""
     if not (isinstance(weight, torch.Tensor) and weight.dim() == 6 and isinstance(weight_scale, torch.Tensor)
             and weight_scale.dim() == 7):
+        return
+    key = (config.num_experts, config.shape_n, config.shape_k, config.pad_shape_n, weight.shape, weight_scale.shape,
+           weight_scale.data_ptr() if checks.has_memory(weight_scale) else None, weight_scale.device)
+    if key in _LAYERS_CHECKED:  # this layer's tensors, seen before: one dict lookup per call
         return
     e, ng, kb, g = (int(v) for v in weight.shape[:4])
     want = (config.kernel_experts, config.shape_n, config.shape_k)
@@ -295,15 +299,14 @@ def check_layer_tensors(config: LayerConfig, weight: Any, weight_scale: Any, fn:
     if tuple(weight_scale.shape[:4]) != tuple(weight.shape[:4]):
         raise ValueError(f"{fn}: weight_scale must match weight [E, N/16/G, K/64, G] = {tuple(weight.shape[:4])}, got "
                          f"shape {tuple(weight_scale.shape)}")
-    if not config.pad_shape_n or not checks.has_memory(weight_scale) or torch.compiler.is_compiling():
-        return
-    key = (weight_scale.data_ptr(), weight_scale.shape, weight_scale.device, config.n)
-    if key in _LAYERS_CHECKED or (weight_scale.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
-    if not _chord.padding_scales_zero(weight_scale, config.n):
-        raise ValueError(f"{fn}: weight_scale must be zero in the N padding of this layer (features {config.n}.."
-                         f"{config.shape_n - 1}; LayerConfig pad_shape_n={config.pad_shape_n}), but it is not: "
-                         "weights of another layer of the padded size?")
+    if config.pad_shape_n:
+        if key[6] is None or torch.compiler.is_compiling() or (
+                weight_scale.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return  # no values to read now: checked at the next eager call
+        if not _chord.padding_scales_zero(weight_scale, config.n):
+            raise ValueError(f"{fn}: weight_scale must be zero in the N padding of this layer (features {config.n}.."
+                             f"{config.shape_n - 1}; LayerConfig pad_shape_n={config.pad_shape_n}), but it is not: "
+                             "weights of another layer of the padded size?")
     if len(_LAYERS_CHECKED) >= 4096:
         _LAYERS_CHECKED.clear()
     _LAYERS_CHECKED[key] = True
