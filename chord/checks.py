@@ -15,6 +15,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 ALIGN_BYTES = 16  # the kernels read and write 16-byte vectors
 
+# Sizes refused before anything is allocated (a typo of 10**9 experts would otherwise end in an
+# allocator error of gigabytes, or worse, succeed on a large host). Routing and layer configs
+# allocate per expert; no MoE model Chord serves comes near this many experts.
+MAX_EXPERTS = 1 << 16
+# Route ids, sorted-id positions and padded counts are int32 in vLLM's routing contract.
+MAX_INT32 = 2**31 - 1
+
 
 def where(fn: str, name: str) -> str:
     """``"<fn>: <name>"``, the head of every message."""
@@ -25,6 +32,23 @@ def plain(t: Any) -> bool:
     """A tensor with real storage at a real address: a plain tensor or an ``nn.Parameter``
     (vLLM's layer weights; subclasses included), not a FakeTensor or other tracing subclass."""
     return type(t) is torch.Tensor or (isinstance(t, torch.nn.Parameter) and not isinstance(t, FakeTensor))
+
+
+def has_memory(t: Any) -> bool:
+    """A tensor whose memory the checks can see: real storage at a real address. Plain tensors,
+    parameters and every other subclass with storage (``as_subclass``) count; a FakeTensor of
+    torch.compile tracing, a meta tensor and a wrapper subclass without storage do not (they
+    have no address to align or compare). The memory checks (alignment, aliasing) use this, so a
+    subclass is checked like the plain tensor it wraps."""
+    if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor) or t.is_meta:
+        return False
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return True
+    try:
+        t.data_ptr()
+    except RuntimeError:  # a wrapper subclass (FunctionalTensor, ...): no storage of its own
+        return False
+    return True
 
 
 def fail(fn: str, name: str, expected: str, given: Any, exc: type = ValueError) -> NoReturn:
@@ -50,6 +74,14 @@ def integer(fn: str, name: str, v: Any, *, min: int | None = None, max: int | No
         fail(fn, name, f"be >= {min}", v)
     if max is not None and v > max:
         fail(fn, name, f"be <= {max}", v)
+    return v
+
+
+def top_k(fn: str, v: Any) -> int:
+    """`v` as top_k: a positive int (a bool, a float such as 2.7, 0 and negatives are refused;
+    chord.ops and the `humming` root say it the same way)."""
+    if not is_int(v) or v < 1:
+        raise ValueError(f"{where(fn, 'top_k')} must be a positive int, got {v!r}")
     return v
 
 
@@ -93,7 +125,7 @@ def tensor(fn: str, name: str, t: Any, *, dtype=None, ndim=None, what: str | Non
         fail(fn, name, "be contiguous (call .contiguous())", f"strides {tuple(t.stride())} for shape {tuple(t.shape)}")
     if aligned:
         need = ALIGN_BYTES if aligned is True else aligned
-        if plain(t) and t.device.type != "meta" and t.numel() and t.data_ptr() % need:
+        if has_memory(t) and t.numel() and t.data_ptr() % need:
             why = ("the kernels move 16-byte vectors" if need == ALIGN_BYTES
                    else f"the kernels read it with {need}-byte loads")
             fail(fn, name, f"start at a {need}-byte aligned address ({why}; a view at an odd offset is not: "

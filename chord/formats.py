@@ -386,6 +386,7 @@ def _check_compressed(
             f"{checks.where(fn, 'weight_scale')} implies group size {gs:g} (K={k} / {scale.shape[2]} scales); "
             f"Chord supports group size {GROUP_SIZE} only"
         )
+    _check_scales_finite(fn, "weight_scale", scale)
     if scale.dtype == torch.float16:
         as_bf16 = scale.to(torch.bfloat16)
         if scale.numel() and not bool((as_bf16.to(torch.float16) == scale).all()):
@@ -566,6 +567,21 @@ def _swap16_scales(scales: torch.Tensor, group: int) -> torch.Tensor:
     return _grouped(s.permute(0, 1, 4, 3, 5, 2), group)
 
 
+def padding_scales_zero(scales: torch.Tensor, n: int) -> bool:
+    """Whether every group scale of the 16-row tiles wholly at or past output feature `n` is zero,
+    in swap16g scales ``[E, N/16/G, K/64, G, 8, 2, 2]``: the N padding of a layer packed from N = n
+    features (zero scales, so the padding rows compute zeros). Reads those tiles only (views, no
+    copy) with one device reduction."""
+    e, ng, kb, g = scales.shape[:4]
+    t0 = -(-n // 16)  # first tile with no real feature
+    if t0 >= ng * g:
+        return True
+    q0, p0 = divmod(t0, g)
+    partial = scales[:, q0, :, p0:]  # the rest of the group of tile t0
+    rest = scales[:, q0 + 1:]  # every later group
+    return not bool(torch.stack([partial.ne(0).any(), rest.ne(0).any()]).any())
+
+
 def _swap16_scales_inverse(s: torch.Tensor) -> torch.Tensor:
     s = _ungrouped(s)
     e, nt, kb = s.shape[:3]
@@ -644,7 +660,6 @@ def pack_experts_from_compressed_tensors(
     e = packed.shape[0]
     if e == 0:
         raise ValueError(f"{checks.where(fn, 'weight_packed')} must hold at least one expert")
-    _check_scales_finite(fn, "weight_scale", scale)
     nt, kb, g = n // 16, k // 64, tile_group(n)
     qweight = torch.empty(packed_shapes(e, n, k, g)[0], dtype=torch.int32, device=packed.device)
     for e0, e1 in _expert_chunks(e, n * k):

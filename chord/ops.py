@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from chord import checks, formats, jit, launch, profiling, routing
+from chord import routing as R
 from chord._env import flag
 from chord.profiling import nvtx_range
 from chord.schedule import K_BLOCK, Problem, Schedule, load_profile, override, pairs_fit, profile_for, select
@@ -45,48 +46,73 @@ def _tensor(fn: str, name: str, t, dtype=None, ndim=None, device=None, contiguou
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory of two contiguous tensors on one device intersects. Only tensors with
-    real storage are compared (checks.plain: plain tensors and parameters); a FakeTensor of
-    torch.compile tracing or opcheck, and a meta tensor (its data_ptr() is 0 or raises), have no
-    memory to compare, so they never count as overlapping."""
-    if not (checks.plain(a) and checks.plain(b)) or a.device != b.device or a.device.type == "meta":
+    memory to compare are compared (checks.has_memory: plain tensors, parameters and other
+    subclasses with storage); a FakeTensor of torch.compile tracing or opcheck, and a meta
+    tensor, have none, so they never count as overlapping."""
+    if not (checks.has_memory(a) and checks.has_memory(b)) or a.device != b.device:
         return False
     if not a.numel() or not b.numel():
         return False
-    try:
-        a0, b0 = a.data_ptr(), b.data_ptr()
-    except RuntimeError:  # no storage to point at (a tensor subclass without data)
-        return False
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
-_OVERLAP_MSG = "{fn}: out must not overlap x (the kernels read x while they write out); give out its own buffer"
+_OVERLAP_MSG = ("{fn}: out must not overlap {name} (the kernels read {name} while they write out); give out its own "
+                "buffer")
 
 # Host time per call (issue 6): a launch validates each argument's metadata (dtype, rank, shape,
 # strides, device) the first time it sees that combination with those scalars and schedule, and
-# afterwards only what depends on the pointers (out overlapping x). The memo is keyed by the
-# metadata itself (16-byte alignment of each pointer included), so a call whose arguments differ
-# in any checked property is validated again.
+# afterwards only what depends on the pointers (out overlapping any input). The memo is keyed by
+# the metadata itself (16-byte alignment of each pointer included), so a call whose arguments
+# differ in any checked property is validated again.
 _VALIDATED: dict = {}
 _VALIDATED_MAX = 4096
 _ALIGN_MASK = checks.ALIGN_BYTES - 1
 
 
 def _memo_validate(tag: str, scalars: tuple, tensors: tuple, validate):
-    """validate() for this (tag, scalars, tensor metadata) signature, run once and remembered;
-    plain tensors and parameters only (a FakeTensor or other subclass is validated on every call)."""
-    key = None
+    """(validate(), pointers): validate() for this (tag, scalars, tensor metadata) signature, run
+    once and remembered; plain tensors and parameters only (any other subclass is validated on
+    every call). `pointers`: each tensor's data_ptr(), 0 for one without memory (the aliasing
+    check's input, read once here)."""
     if all(map(checks.plain, tensors)):
+        ptrs = tuple(t.data_ptr() for t in tensors)
         key = (tag, tuple((type(v), v) for v in scalars),
-               tuple((t.dtype, t.device, t.shape, t.stride(), t.data_ptr() & _ALIGN_MASK) for t in tensors))
+               tuple((t.dtype, t.device, t.shape, t.stride(), p & _ALIGN_MASK) for t, p in zip(tensors, ptrs)))
         hit = _VALIDATED.get(key)
         if hit is not None:
-            return hit
-    result = validate()
-    if key is not None:
+            return hit, ptrs
+        result = validate()
         if len(_VALIDATED) >= _VALIDATED_MAX:
             _VALIDATED.clear()
         _VALIDATED[key] = result
-    return result
+        return result, ptrs
+    return validate(), tuple(t.data_ptr() if checks.has_memory(t) else 0 for t in tensors)
+
+
+def _extents(tensors: tuple) -> tuple:
+    """Bytes of each (contiguous, validated) operand for the aliasing check; 0: nothing to compare
+    (no memory, or empty)."""
+    return tuple(t.nbytes if checks.has_memory(t) else 0 for t in tensors)
+
+
+def _check_aliasing(fn: str, names: tuple, ptrs: tuple, extents: tuple) -> None:
+    """out (the last operand) must not overlap any other operand: the kernels read every input
+    (x, the weights, the scales, the routing buffers) while they write out. Every call: the
+    pointers change, the extents are the validated signature's."""
+    o0 = ptrs[-1]
+    o1 = o0 + extents[-1]
+    if o1 == o0:
+        return
+    for p, nb, name in zip(ptrs, extents, names):  # `names` leaves out out: zip stops before it
+        if nb and p < o1 and o0 < p + nb:
+            raise ValueError(_OVERLAP_MSG.format(fn=fn, name=name))
+
+
+# the inputs of each family in signature order (out, the last operand, left out)
+_INDEXED_NAMES = ("x", "qweight", "scales", "sorted_ids", "expert_ids", "num_tokens_post_padded")
+_CONTIGUOUS_NAMES = ("x", "qweight", "scales", "expert_offsets")
+_MASKED_NAMES = ("x", "qweight", "scales", "expert_num_tokens")
 
 
 def _check_weights(fn: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, out: torch.Tensor
@@ -103,8 +129,8 @@ def _check_weights(fn: str, x: torch.Tensor, qweight: torch.Tensor, scales: torc
                          f"and K/64 >= 1 and the tile group G in {formats.TILE_GROUPS}, got {tuple(qweight.shape)}")
     if tuple(scales.shape) != (e, ng, kb, g, 8, 2, 2):
         raise ValueError(f"{fn}: scales must have shape {(e, ng, kb, g, 8, 2, 2)} to match qweight, got {tuple(scales.shape)}")
-    if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG.format(fn=fn))
+    if _overlaps(out, x):  # before the shape checks: an aliased out is the mistake to name (every call: _check_aliasing)
+        raise ValueError(_OVERLAP_MSG.format(fn=fn, name="x"))
     if x.shape[-1] != k:
         raise ValueError(f"{fn}: x must have K={k} columns (qweight's K), got {x.shape[-1]}")
     if out.shape[-1] != n:
@@ -135,8 +161,10 @@ def _check_schedule(fn: str, schedule: str, family: str, n: int, k: int | None =
 
 
 # Routing values live on the device. By default the chord API reads them before each launch and
-# raises on a bad one (expert ids, sorted ids, padded count, offsets, counts): one device->host
-# copy per call. It is skipped while the current stream captures a CUDA graph (a read would
+# raises on a bad one (expert ids, sorted ids, padded count, offsets, counts) or on indexed
+# routing that is in range but inconsistent (a route twice, padding inside an expert's run or
+# alone in a block, routing padded for another block_m; with all_routes, a route missing): one
+# device->host copy per call. It is skipped while the current stream captures a CUDA graph (a read would
 # break the capture), and by the `humming` root, which trusts vLLM's routing as upstream Humming
 # does (check_routing=False on the raw entry points). CHORD_CHECK_ROUTING=0 (or
 # check_routing(False)) trusts every caller. Whatever the values, the kernels stay in bounds:
@@ -154,17 +182,22 @@ def check_routing(on: bool = True) -> None:
     _check_routing = on
 
 
-def _check_arg(code: int) -> bool | None:
-    """The custom ops' int form of check_routing (-1: the global switch, 0: trust, 1: check)."""
-    if code not in (-1, 0, 1):
-        raise ValueError(f"check_routing must be -1 (the CHORD_CHECK_ROUTING switch), 0 or 1, got {code!r}")
-    return None if code == -1 else bool(code)
+def _check_arg(code: int, all_routes_ok: bool = False) -> tuple[bool | None, bool]:
+    """The custom ops' int form of check_routing -> (check, all_routes). -1: the global switch,
+    0: trust, 1: check; for gemm_indexed also 2 / -2: check (-2: under the switch) and require
+    every route id below M*top_k in sorted_ids (chord.routing.IndexedRouting.all_routes)."""
+    codes = (-2, -1, 0, 1, 2) if all_routes_ok else (-1, 0, 1)
+    if isinstance(code, bool) or code not in codes:
+        raise ValueError(f"check_routing must be -1 (the CHORD_CHECK_ROUTING switch), 0 or 1"
+                         f"{' (2 / -2: also every route present)' if all_routes_ok else ''}, got {code!r}")
+    return (None if code < 0 else code != 0), abs(code) == 2
 
 
-def _check_code(check: bool | None) -> int:
+def _check_code(check: bool | None, all_routes: bool = False) -> int:
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check_routing must be None or a bool, got {type(check).__name__}")
-    return -1 if check is None else int(check)
+    code = -1 if check is None else int(check)
+    return code * 2 if all_routes else code
 
 
 def _checks_routing(check: bool | None, t: torch.Tensor) -> bool:
@@ -177,19 +210,115 @@ def _checks_routing(check: bool | None, t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _check_indexed_values(fn, sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid):
+# The checked path reads the routing values with one device->host copy per call: a few torch ops
+# where the values live (for CPU tensors no sync at all) reduce them to a handful of numbers, read
+# back together. Only when one says the routing is bad are the tensors copied to the host and
+# looked at in detail for the message.
+_KEPT: dict = {}
+
+
+def _kept(kind: str, n: int, device: torch.device) -> torch.Tensor:
+    """int32 arange(n) ("positions") or ones(n) ("ones") on `device`, kept for the next call of the
+    same size (the checked read runs once per call)."""
+    key = (kind, n, device)
+    t = _KEPT.get(key)
+    if t is None:
+        if len(_KEPT) >= 64:
+            _KEPT.clear()
+        make = torch.arange if kind == "positions" else torch.ones
+        t = _KEPT[key] = make(n, dtype=torch.int32, device=device)
+    return t
+
+
+def _check_indexed_values(fn, sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid,
+                          all_routes=False):
+    """Range and consistency of vLLM's moe_align routing below num_tokens_post_padded: the padded
+    count a multiple of block_m inside the buffers; expert ids in [-1, E); sorted ids in
+    [0, M*top_k] (M*top_k: the padding sentinel); each route id at most once (two tiles would race
+    on its output row); and the layout of routing padded for this block_m: in every block the
+    routes come before the padding, padding only in the last block of an expert's run (the next
+    block is another expert's), and no block of padding alone. Routing aligned for another
+    block_m, or with a route replaced by the sentinel, breaks one of those. `all_routes`: every
+    route id in [0, M*top_k) must also be present (routing that drops none on purpose).
+
+    About twenty small torch ops (no host sync among them) and one read back."""
+    blocks = min(sorted_ids.numel() // block_m, expert_ids.numel())
+    cap = blocks * block_m
+    used = num_tokens_post_padded.reshape(-1)[:1]
+    if cap == 0:
+        if int(used[0]) != 0:
+            _indexed_violation(fn, sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid,
+                               all_routes)
+        return
+    live = _kept("positions", cap, sorted_ids.device) < used  # positions below the padded count
+    v = torch.where(live, sorted_ids[:cap], num_valid)  # live ids; padding elsewhere
+    b = torch.where(live[::block_m], expert_ids[:blocks], -1)  # live blocks' experts; -1 elsewhere
+    pad = (v == num_valid).view(blocks, block_m)
+    # (index_add_, not bincount: bincount reads its input's max on the host to size its output)
+    counts = torch.zeros(num_valid + 1, dtype=torch.int32, device=v.device).index_add_(
+        0, v.clamp(0, num_valid), _kept("ones", cap, v.device))[:num_valid]
+    parts = [used[0], *v.aminmax(), *b.aminmax(),
+             (pad[:, :-1] > pad[:, 1:]).any() | (pad[:, 0] & live[::block_m]).any()]  # route after padding; padding alone
+    if blocks > 1:  # a padded block continued by its expert
+        parts.append((pad[:-1, -1] & (b[1:] == b[:-1]) & (b[1:] >= 0)).any())
+    if num_valid:
+        parts += list(counts.aminmax())
+    stats = torch.stack(parts).tolist()
+    u, vmin, vmax, bmin, bmax, layout = stats[:6]
+    ok = 0 <= u <= cap and not u % block_m and vmin >= 0 and vmax <= num_valid and bmin >= -1 and bmax < num_experts
+    ok = ok and not any(stats[6:6 + (blocks > 1)] + [layout])
+    if num_valid:
+        cmin, cmax = stats[-2:]
+        ok = ok and cmax <= 1 and (cmin >= 1 or not all_routes)
+    if not ok:
+        _indexed_violation(fn, sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid,
+                           all_routes)
+
+
+def _indexed_violation(fn, sorted_ids, expert_ids, num_tokens_post_padded, num_experts, block_m, num_valid,
+                       all_routes) -> None:
+    """The first rule of _check_indexed_values the routing breaks, as a ValueError (on host copies)."""
+    sorted_ids, expert_ids = sorted_ids.cpu().long(), expert_ids.cpu().long()
     used = int(num_tokens_post_padded.reshape(-1)[0])
-    cap = min(sorted_ids.numel() // block_m, expert_ids.numel()) * block_m
+    blocks = min(sorted_ids.numel() // block_m, expert_ids.numel())
+    cap = blocks * block_m
     if used < 0 or used % block_m or used > cap:
         raise ValueError(f"{fn}: num_tokens_post_padded={used} must be a multiple of block_m={block_m} in [0, {cap}]")
-    blocks = expert_ids[: used // block_m]
-    if blocks.numel() and (int(blocks.min()) < -1 or int(blocks.max()) >= num_experts):
+    eids = expert_ids[: used // block_m]
+    if eids.numel() and (int(eids.min()) < -1 or int(eids.max()) >= num_experts):
         raise ValueError(f"{fn}: expert_ids must lie in [-1, {num_experts}) below num_tokens_post_padded, "
-                         f"got [{int(blocks.min())}, {int(blocks.max())}]")
+                         f"got [{int(eids.min())}, {int(eids.max())}]")
     ids = sorted_ids[:used]
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > num_valid):
         raise ValueError(f"{fn}: sorted_ids must lie in [0, {num_valid}] (sentinel {num_valid} = padding) below "
                          f"num_tokens_post_padded, got [{int(ids.min())}, {int(ids.max())}]")
+    real = ids[ids < num_valid]
+    counts = torch.bincount(real, minlength=num_valid)
+    if num_valid and int(counts.max()) > 1:
+        dup = int(counts.argmax())
+        raise ValueError(f"{fn}: sorted_ids must hold each route id at most once below num_tokens_post_padded (two "
+                         f"tiles would write its output row at once), got route {dup} {int(counts[dup])} times, at "
+                         f"positions {(ids == dup).nonzero().flatten().tolist()[:8]}")
+    pad = (ids == num_valid).view(-1, block_m)
+    for blk in range(pad.shape[0]):
+        row = pad[blk]
+        what = None
+        if bool(row.all()):
+            what = "padding only"
+        elif bool((row[:-1] & ~row[1:]).any()):
+            what = "a route after the padding"
+        elif bool(row[-1]) and blk + 1 < pad.shape[0] and int(eids[blk + 1]) == int(eids[blk]) >= 0:
+            what = f"padding, but block {blk + 1} continues expert {int(eids[blk])}"
+        if what:
+            raise ValueError(f"{fn}: sorted_ids must be padded for block_m={block_m} (each expert's routes first, the "
+                             f"sentinel {num_valid} only at the end of its last block), but block {blk} holds {what}: "
+                             "routing aligned for another block_m, or a route replaced by the sentinel")
+    missing = (counts == 0).nonzero().flatten()
+    if all_routes and missing.numel():
+        raise ValueError(f"{fn}: sorted_ids must hold every route id in [0, {num_valid}) (the routing drops none), "
+                         f"but {missing.numel()} are missing, the first {int(missing[0])}: a route replaced by the "
+                         "sentinel leaves its output row unwritten")
+    raise AssertionError(f"{fn}: the routing check found a problem its explanation does not")  # pragma: no cover
 
 
 def _check_offsets_values(fn, expert_offsets, rows):
@@ -199,9 +328,11 @@ def _check_offsets_values(fn, expert_offsets, rows):
 
 
 def _check_counts_values(fn, expert_num_tokens, max_rows):
-    c = expert_num_tokens
-    if c.numel() and (int(c.min()) < 0 or int(c.max()) > max_rows):
-        raise ValueError(f"{fn}: expert_num_tokens must lie in [0, max_rows={max_rows}], got [{int(c.min())}, {int(c.max())}]")
+    if not expert_num_tokens.numel():
+        return
+    lo, hi = torch.stack([expert_num_tokens.min(), expert_num_tokens.max()]).tolist()
+    if lo < 0 or hi > max_rows:
+        raise ValueError(f"{fn}: expert_num_tokens must lie in [0, max_rows={max_rows}], got [{lo}, {hi}]")
 
 
 def check_cuda_sm90(t: torch.Tensor, name: str = "x") -> None:
@@ -284,13 +415,22 @@ def _split_need(s: Schedule, grid_x: int, grid_y: int, ctas: int = 0) -> tuple[i
     return floats, tiles
 
 
-def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: int = 0) -> dict:
-    """Workspace and counters of a split-K, stream-K or work-queue kernel (_split_need)."""
+def _split_args(s: Schedule, x: torch.Tensor, grid_x: int, grid_y: int, ctas: int = 0,
+                out: tuple | None = None) -> dict:
+    """Workspace and counters of a split-K, stream-K or work-queue kernel (_split_need). `out`:
+    (address, bytes, function) of the call's output, which must not overlap them (the kernel
+    writes both while it writes out)."""
     need = _split_need(s, grid_x, grid_y, ctas)
     if need is None:
         return {}
-    ws, cnt = _split_buffers(x.device, *need)
-    return {"workspace": ws, "counters": cnt}
+    w, c = _split_buffers(x.device, *need)
+    if out is not None and out[1]:  # the kernel writes need[0] partial floats and need[1] counters
+        o0, ob, fn = out
+        for p, nb, name in ((w, need[0] * 4, "workspace"), (c, need[1] * 4, "counters")):
+            if p < o0 + ob and o0 < p + nb:
+                raise ValueError(f"{fn}: out must not overlap chord's split-K {name} (schedule {s.id} writes partial "
+                                 "tiles and arrival counts there while it writes out); give out its own buffer")
+    return {"workspace": w, "counters": c}
 
 
 def _grid_bound(s: Schedule, rows: int, num_experts: int, routed_experts: int) -> int:
@@ -452,8 +592,7 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
     _tensor(fn, "num_tokens_post_padded", num_tokens_post_padded, torch.int32, 1, dev, aligned=4)
     if num_tokens_post_padded.numel() < 1:
         raise ValueError(f"{fn}: num_tokens_post_padded must hold one element")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"{fn}: top_k must be a positive int, got {top_k!r}")
+    checks.top_k(fn, top_k)
     if isinstance(block_m, bool) or not isinstance(block_m, int):
         raise ValueError(f"{fn}: block_m must be an int (the routing's block size), got {block_m!r}")
     s = _check_schedule(fn, schedule, "indexed", n, k)
@@ -469,19 +608,19 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
         raise ValueError(f"{fn}: schedule {s.id}: stream_k=1 plans at most 2^31 - 1 units, but the routing buffers "
                          f"allow {sorted_ids.numel() // block_m} blocks x {n // s.block_n} N blocks x {k // K_BLOCK} "
                          f"K blocks = {units}; use stream_k=0 for buffers this large")
-    return s, e, n, k
+    return s, e, n, k, _extents((x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out))
 
 
 def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
-                       schedule, check=None):
-    s, e, n, k = _memo_validate(
+                       schedule, check=None, all_routes=False):
+    (s, e, n, k, extents), ptrs = _memo_validate(
         "indexed", (top_k, block_m, schedule), (x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out),
         lambda: _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
                                   block_m, schedule))
-    if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG.format(fn="gemm_indexed"))
+    _check_aliasing("gemm_indexed", _INDEXED_NAMES, ptrs, extents)
     if _checks_routing(check, sorted_ids):
-        _check_indexed_values("gemm_indexed", sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k)
+        _check_indexed_values("gemm_indexed", sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k,
+                              all_routes)
     check_cuda_sm90(x)
     plan = _plan((launch.INDEXED, top_k, block_m, x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded,
                   out), _INDEXED_SLOTS, x, out)
@@ -499,7 +638,7 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
         num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks,
-        **_split_args(s, x, num_blocks, s.grid_n(n), ctas))
+        **_split_args(s, x, num_blocks, s.grid_n(n), ctas, out=(ptrs[-1], extents[-1], "gemm_indexed")))
     _launch(s, grid, x, params, "gemm_indexed", schedule, qweight, n, plan)
 
 
@@ -508,7 +647,7 @@ def _gemm_indexed_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
                      expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor, out: torch.Tensor, top_k: int,
                      block_m: int, schedule: str, check_routing: int = -1) -> None:
     _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
-                       schedule, _check_arg(check_routing))
+                       schedule, *_check_arg(check_routing, all_routes_ok=True))
 
 
 @_gemm_indexed_op.register_fake
@@ -531,14 +670,15 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
         raise ValueError(f"{fn}: expert_offsets must have E+1={e + 1} entries, got {expert_offsets.numel()}")
     if out.shape[0] < x.shape[0]:
         raise ValueError(f"{fn}: out must have at least as many rows as x ({x.shape[0]}), got {out.shape[0]}")
-    return _check_schedule(fn, schedule, "grouped_contiguous", n, k), e, n, k
+    return (_check_schedule(fn, schedule, "grouped_contiguous", n, k), e, n, k,
+            _extents((x, qweight, scales, expert_offsets, out)))
 
 
 def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check=None):
-    s, e, n, k = _memo_validate("contiguous", (schedule,), (x, qweight, scales, expert_offsets, out),
-                                lambda: _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule))
-    if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG.format(fn="gemm_contiguous"))
+    (s, e, n, k, extents), ptrs = _memo_validate(
+        "contiguous", (schedule,), (x, qweight, scales, expert_offsets, out),
+        lambda: _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule))
+    _check_aliasing("gemm_contiguous", _CONTIGUOUS_NAMES, ptrs, extents)
     if _checks_routing(check, expert_offsets):
         _check_offsets_values("gemm_contiguous", expert_offsets, x.shape[0])
     check_cuda_sm90(x)
@@ -550,14 +690,15 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, che
     grid_x = (rows + s.block_m - 1) // s.block_m + e  # upper bound on per-expert tiles
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
-                                  num_experts=e, rows=rows, **_split_args(s, x, grid_x, s.grid_n(n)))
+                                  num_experts=e, rows=rows,
+                                  **_split_args(s, x, grid_x, s.grid_n(n), out=(ptrs[-1], extents[-1], "gemm_contiguous")))
     _launch(s, (grid_x, s.grid_n(n), s.split_k), x, params, "gemm_contiguous", schedule, qweight, n, plan)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
 def _gemm_contiguous_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_offsets: torch.Tensor,
                         out: torch.Tensor, schedule: str, check_routing: int = -1) -> None:
-    _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, _check_arg(check_routing))
+    _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, _check_arg(check_routing)[0])
 
 
 @_gemm_contiguous_op.register_fake
@@ -585,15 +726,15 @@ def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
         max_rows = x.shape[0] // e
     if out.numel() // n != e * max_rows:
         raise ValueError(f"{fn}: out must hold E*max_rows={e * max_rows} rows of N={n}, got {tuple(out.shape)}")
-    return _check_schedule(fn, schedule, "grouped_masked", n, k), e, n, k, max_rows
+    return (_check_schedule(fn, schedule, "grouped_masked", n, k), e, n, k, max_rows,
+            _extents((x, qweight, scales, expert_num_tokens, out)))
 
 
 def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check=None):
-    s, e, n, k, max_rows = _memo_validate(
+    (s, e, n, k, max_rows, extents), ptrs = _memo_validate(
         "masked", (schedule,), (x, qweight, scales, expert_num_tokens, out),
         lambda: _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule))
-    if _overlaps(out, x):
-        raise ValueError(_OVERLAP_MSG.format(fn="gemm_masked"))
+    _check_aliasing("gemm_masked", _MASKED_NAMES, ptrs, extents)
     if _checks_routing(check, expert_num_tokens):
         _check_counts_values("gemm_masked", expert_num_tokens, max_rows)
     check_cuda_sm90(x)
@@ -604,14 +745,15 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, chec
     tiles = (max_rows + s.block_m - 1) // s.block_m
     params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
                                   out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
-                                  num_experts=e, max_rows=max_rows, **_split_args(s, x, e * tiles, s.grid_n(n)))
+                                  num_experts=e, max_rows=max_rows,
+                                  **_split_args(s, x, e * tiles, s.grid_n(n), out=(ptrs[-1], extents[-1], "gemm_masked")))
     _launch(s, (e * tiles, s.grid_n(n), s.split_k), x, params, "gemm_masked", schedule, qweight, n, plan)
 
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))
 def _gemm_masked_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, expert_num_tokens: torch.Tensor,
                     out: torch.Tensor, schedule: str, check_routing: int = -1) -> None:
-    _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, _check_arg(check_routing))
+    _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, _check_arg(check_routing)[0])
 
 
 @_gemm_masked_op.register_fake
@@ -636,19 +778,24 @@ def _trusted(check: bool | None) -> bool:
 
 
 def gemm_indexed_raw(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,
-                     block_m: int, schedule: str, *, check_routing: bool | None = None) -> None:
+                     block_m: int, schedule: str, *, check_routing: bool | None = None,
+                     all_routes: bool = False) -> None:
     """`torch.ops.chord.gemm_indexed` with the eager fast path (same checks, same kernel).
     check_routing: read and check the routing values first (None: the CHORD_CHECK_ROUTING switch;
-    never while a CUDA graph is being captured)."""
+    never while a CUDA graph is being captured). all_routes: the checked read also requires every
+    route id below x.shape[0] * top_k in sorted_ids (routing that drops no route on purpose; see
+    chord.routing.IndexedRouting.all_routes)."""
     if _eager():
         if _trusted(check_routing) and launch.try_launch(schedule, launch.INDEXED, top_k, block_m, x, qweight, scales,
                                                          sorted_ids, expert_ids, num_tokens_post_padded, out):
             return
+        if all_routes is not False:
+            checks.boolean("gemm_indexed", "all_routes", all_routes)
         _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
-                           schedule, check_routing)
+                           schedule, check_routing, all_routes)
     else:
         torch.ops.chord.gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
-                                     block_m, schedule, _check_code(check_routing))
+                                     block_m, schedule, _check_code(check_routing, all_routes is True))
 
 
 def gemm_contiguous_raw(x, qweight, scales, expert_offsets, out, schedule: str, *,
@@ -701,9 +848,10 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
     check the routing values before the launch (None: CHORD_CHECK_ROUTING, on by default; never
     while a CUDA graph is captured); False trusts them (the kernel stays in bounds regardless)."""
     _check_packed("gemm_indexed", "w", w)
-    top_k = routing.top_k if top_k is None else top_k
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"gemm_indexed: top_k must be a positive int, got {top_k!r}")
+    if not isinstance(routing, R.IndexedRouting):
+        checks.fail("gemm_indexed", "routing", "be a chord.routing.IndexedRouting (use chord.routing.align_block_size)",
+                    type(routing).__name__, TypeError)
+    top_k = checks.top_k("gemm_indexed", routing.top_k if top_k is None else top_k)
     if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] * top_k != routing.num_rows:
         raise ValueError(f"gemm_indexed: x.shape[0] * top_k = {x.shape[0]} * {top_k} must equal the routing's routed rows "
                          f"({routing.num_rows} = M * {routing.top_k}): gate_up takes the M token rows with the "
@@ -717,7 +865,7 @@ def gemm_indexed(x: torch.Tensor, w: "PackedExperts", routing, *, top_k: Optiona
     if out is None:
         out = torch.empty(x.shape[0] * top_k, w.n, dtype=torch.bfloat16, device=x.device)
     gemm_indexed_raw(x, w.qweight, w.scales, routing.sorted_ids, routing.expert_ids, routing.num_tokens_post_padded,
-                     out, top_k, routing.block_m, sid, check_routing=check_routing)
+                     out, top_k, routing.block_m, sid, check_routing=check_routing, all_routes=routing.all_routes)
     return out
 
 

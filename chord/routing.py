@@ -47,6 +47,12 @@ __all__ = [
 ]
 
 _INT_IDS = (torch.int32, torch.int64)
+_MAX_BLOCK_M = 1024  # align_block_size; chord's kernels use block_m <= 256
+# masked_layout: a max_rows above the routes (M * top_k, what one expert can receive at most)
+# only adds padding rows; up to this many per expert are allowed for a fixed-shape buffer
+_MAX_SPARE_ROWS = 4096
+# contiguous_layout: the largest per-expert alignment (padding rows) accepted
+_MAX_ALIGNMENT = 4096
 _BALANCED_SWAP_ROUNDS = 16
 
 
@@ -69,6 +75,11 @@ class IndexedRouting:
     * ``num_tokens_post_padded`` int32 ``[1]`` on the device: used length of ``sorted_ids``.
     * ``num_rows`` = ``M * top_k``: the number of routed rows, which is also the sentinel and
       the row count of the gate_up output / down input.
+    * ``all_routes``: every route id in ``[0, num_rows)`` is in ``sorted_ids`` (no route dropped
+      on purpose: ``align_block_size`` without ``expert_map``). The checked launch
+      (``chord.ops.gemm_indexed``) then also refuses routing missing one (a route replaced by
+      the sentinel leaves its output row unwritten). False: some routes may be dropped (routes
+      to non-local experts, -1 ids), or unknown.
     """
 
     sorted_ids: torch.Tensor
@@ -77,6 +88,7 @@ class IndexedRouting:
     block_m: int
     top_k: int
     num_rows: int
+    all_routes: bool = False
 
     def __post_init__(self) -> None:
         fn = "IndexedRouting"
@@ -98,6 +110,7 @@ class IndexedRouting:
                 raise ValueError(f"{checks.where(fn, name)} must be a positive int, got {v!r}")
         if not checks.is_int(self.num_rows) or self.num_rows < 0 or self.num_rows % self.top_k:
             raise ValueError(f"{checks.where(fn, 'num_rows')} must be M * top_k (a non-negative multiple of {self.top_k}), got {self.num_rows!r}")
+        checks.boolean(fn, "all_routes", self.all_routes)
         if self.expert_ids.shape[0] * self.block_m < self.sorted_ids.shape[0]:
             raise ValueError(
                 f"{checks.where(fn, 'expert_ids')} has {self.expert_ids.shape[0]} blocks, fewer than "
@@ -195,11 +208,17 @@ def _check_topk_ids(fn: str, topk_ids: Any) -> None:
         raise ValueError(f"{checks.where(fn, 'topk_ids')} must be 2-D [M, top_k], got shape {tuple(topk_ids.shape)}")
     if topk_ids.shape[1] < 1:
         raise ValueError(f"{checks.where(fn, 'topk_ids')} must have top_k >= 1 columns, got shape {tuple(topk_ids.shape)}")
+    if topk_ids.numel() > checks.MAX_INT32:
+        raise ValueError(f"{checks.where(fn, 'topk_ids')} must hold at most 2^31 - 1 routes (route ids are int32 in "
+                         f"vLLM's routing), got shape {tuple(topk_ids.shape)}")
 
 
 def _check_num_experts(fn: str, num_experts: Any) -> None:
     if not checks.is_int(num_experts) or num_experts < 1:
         raise ValueError(f"{checks.where(fn, 'num_experts')} must be a positive int, got {num_experts!r}")
+    if num_experts > checks.MAX_EXPERTS:
+        raise ValueError(f"{checks.where(fn, 'num_experts')} must be <= {checks.MAX_EXPERTS} (chord.checks.MAX_EXPERTS: "
+                         f"the routing allocates per expert), got {num_experts}")
 
 
 def _check_expert_map(fn: str, expert_map: Any, num_experts: int, device: torch.device) -> None:
@@ -220,12 +239,38 @@ def _check_expert_map(fn: str, expert_map: Any, num_experts: int, device: torch.
         )
 
 
+def _map_duplicates(expert_map: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Per local id in [0, num_experts): whether two or more global experts map to it (device op)."""
+    em = expert_map.long()
+    local = torch.where((em >= 0) & (em < num_experts), em, num_experts)
+    return torch.bincount(local, minlength=num_experts + 1)[:num_experts] > 1
+
+
+def _refuse_shared_local(fn: str, expert_map: torch.Tensor, local: int) -> None:
+    shared = (expert_map == local).nonzero().flatten().tolist()
+    raise ValueError(
+        f"{checks.where(fn, 'expert_map')} must map each local expert from one global expert (injective: two global "
+        f"experts on one local expert would share its weights and its rows), got local id {local} for global "
+        f"experts {shared}"
+    )
+
+
 def _check_id_values(fn: str, topk_ids: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None) -> None:
-    """Range checks that need a device reduction (skipped during CUDA graph capture)."""
+    """Range checks (and an injective expert_map) with a few device ops and one read back (none
+    for CPU tensors); skipped during graph capture."""
     if _capturing(topk_ids):
         return
+    parts = [topk_ids.min().long(), topk_ids.max().long()] if topk_ids.numel() else []
+    if expert_map is not None:
+        dup = _map_duplicates(expert_map, num_experts)
+        idx = torch.arange(num_experts, device=dup.device)
+        parts += [expert_map.min().long(), expert_map.max().long(), torch.where(dup, idx, num_experts).amin()]
+    if not parts:
+        return
+    stats = torch.stack(parts).tolist()
     if topk_ids.numel():
-        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        lo, hi = stats[:2]
+        stats = stats[2:]
         low_ok = -1 if expert_map is not None else 0
         if lo < low_ok or hi >= num_experts:
             allowed = f"[0, {num_experts})" + (" or -1" if expert_map is not None else "")
@@ -234,11 +279,13 @@ def _check_id_values(fn: str, topk_ids: torch.Tensor, num_experts: int, expert_m
                 + ("" if expert_map is not None else " (-1 is only accepted together with expert_map)")
             )
     if expert_map is not None:
-        lo, hi = int(expert_map.min()), int(expert_map.max())
+        lo, hi, shared = stats
         if lo < -1 or hi >= num_experts:
             raise ValueError(
                 f"{checks.where(fn, 'expert_map')} holds values in [{lo}, {hi}], expected local ids in [0, {num_experts}) or -1"
             )
+        if shared < num_experts:
+            _refuse_shared_local(fn, expert_map, shared)
 
 
 def _check_hidden(fn: str, hidden_states: Any, topk_ids: torch.Tensor) -> None:
@@ -292,13 +339,19 @@ def _group(key: torch.Tensor, num_buckets: int):
 
 
 def _num_local_experts(fn: str, expert_map: torch.Tensor | None, num_experts: int) -> int:
+    """The local experts of expert_map, which must map them one to one onto 0..n_local-1 (one read back)."""
     if expert_map is None:
         return num_experts
-    n_local = int((expert_map >= 0).sum())
-    if n_local and int(expert_map.max()) != n_local - 1:
+    dup = _map_duplicates(expert_map, num_experts)
+    idx = torch.arange(num_experts, device=dup.device)
+    n_local, top, shared = torch.stack([(expert_map >= 0).sum(), expert_map.max().long(),
+                                        torch.where(dup, idx, num_experts).amin()]).tolist()
+    if shared < num_experts:
+        _refuse_shared_local(fn, expert_map, shared)
+    if n_local and top != n_local - 1:
         raise ValueError(
             f"{checks.where(fn, 'expert_map')} must map its {n_local} local experts onto 0..{n_local - 1}, "
-            f"got max {int(expert_map.max())}"
+            f"got max {top}"
         )
     return n_local
 
@@ -346,8 +399,9 @@ def align_block_size(
     """
     fn = "align_block_size"
     _check_topk_ids(fn, topk_ids)
-    if not checks.is_int(block_m) or block_m <= 0 or block_m % 8 != 0:
-        raise ValueError(f"{checks.where(fn, 'block_m')} must be a positive multiple of 8, got {block_m!r}")
+    if not checks.is_int(block_m) or block_m <= 0 or block_m % 8 != 0 or block_m > _MAX_BLOCK_M:
+        raise ValueError(f"{checks.where(fn, 'block_m')} must be a positive multiple of 8 up to {_MAX_BLOCK_M} (the "
+                         f"kernels' tiles have at most 256 rows), got {block_m!r}")
     _check_num_experts(fn, num_experts)
     _check_expert_map(fn, expert_map, num_experts, topk_ids.device)
     num_rows = topk_ids.numel()
@@ -362,6 +416,12 @@ def align_block_size(
         )
     else:
         length = max_num_tokens_padded
+    if length > checks.MAX_INT32:
+        raise ValueError(
+            f"{checks.where(fn, 'max_num_tokens_padded')} must be <= 2^31 - 1 (sorted ids and the padded count are "
+            f"int32), got {length}" + ("" if max_num_tokens_padded is not None else
+                                       f" (vLLM's bound for {num_rows} routes, {num_experts} experts, block_m={block_m})")
+        )
     if check_ids:
         _check_id_values(fn, topk_ids, num_experts, expert_map)
 
@@ -393,6 +453,7 @@ def align_block_size(
         block_m=block_m,
         top_k=top_k,
         num_rows=num_rows,
+        all_routes=expert_map is None,
     )
 
 
@@ -425,8 +486,9 @@ def contiguous_layout(
     _check_topk_ids(fn, topk_ids)
     _check_hidden(fn, hidden_states, topk_ids)
     _check_num_experts(fn, num_experts)
-    if not checks.is_int(alignment) or alignment < 1:
-        raise ValueError(f"{checks.where(fn, 'alignment')} must be a positive int, got {alignment!r}")
+    if not checks.is_int(alignment) or alignment < 1 or alignment > _MAX_ALIGNMENT:
+        raise ValueError(f"{checks.where(fn, 'alignment')} must be a positive int up to {_MAX_ALIGNMENT} (each expert "
+                         f"gets up to alignment - 1 padding rows), got {alignment!r}")
     _check_expert_map(fn, expert_map, num_experts, topk_ids.device)
     if check_ids:
         _check_id_values(fn, topk_ids, num_experts, expert_map)
@@ -474,6 +536,12 @@ def masked_layout(
     _check_num_experts(fn, num_experts)
     if max_rows is not None and (not checks.is_int(max_rows) or max_rows < 1):
         raise ValueError(f"{checks.where(fn, 'max_rows')} must be a positive int or None, got {max_rows!r}")
+    if max_rows is not None and max_rows > max(topk_ids.numel(), _MAX_SPARE_ROWS):
+        raise ValueError(
+            f"{checks.where(fn, 'max_rows')} must be <= max(M * top_k, {_MAX_SPARE_ROWS}) = "
+            f"{max(topk_ids.numel(), _MAX_SPARE_ROWS)} (an expert receives at most the M * top_k = {topk_ids.numel()} "
+            f"routes; up to {_MAX_SPARE_ROWS} rows are allowed for a fixed-shape buffer), got {max_rows}"
+        )
     _check_expert_map(fn, expert_map, num_experts, topk_ids.device)
     if check_ids:
         _check_id_values(fn, topk_ids, num_experts, expert_map)
@@ -593,6 +661,10 @@ def balanced_topk_ids(
             raise ValueError(f"{checks.where(fn, name)} must be a positive int, got {v!r}")
     if top_k > num_experts:
         raise ValueError(f"{checks.where(fn, 'top_k')} = {top_k} exceeds num_experts = {num_experts}")
+    _check_num_experts(fn, num_experts)
+    if num_tokens * top_k > checks.MAX_INT32:
+        raise ValueError(f"{checks.where(fn, 'num_tokens')} * top_k must be <= 2^31 - 1 (route ids are int32), got "
+                         f"{num_tokens} * {top_k}")
     if num_tokens * top_k != num_experts * tok_e:
         raise ValueError(
             f"{checks.where(fn, 'num_tokens')}: num_tokens * top_k ({num_tokens * top_k}) must equal "
@@ -632,6 +704,10 @@ def random_topk_ids(
             raise ValueError(f"{checks.where(fn, name)} must be a {'non-negative' if name == 'num_tokens' else 'positive'} int, got {v!r}")
     if top_k > num_experts:
         raise ValueError(f"{checks.where(fn, 'top_k')} = {top_k} exceeds num_experts = {num_experts}")
+    _check_num_experts(fn, num_experts)
+    if num_tokens * top_k > checks.MAX_INT32:
+        raise ValueError(f"{checks.where(fn, 'num_tokens')} * top_k must be <= 2^31 - 1 (route ids are int32), got "
+                         f"{num_tokens} * {top_k}")
     g = torch.Generator().manual_seed(int(num_tokens if seed is None else seed))
     scores = torch.randn(num_tokens, num_experts, generator=g)
     ids = torch.topk(scores, top_k, dim=1).indices.to(torch.int32)

@@ -196,8 +196,10 @@ class Schedule:
         _check_family(self.family)
         for knob in KNOBS:
             v = getattr(self, knob.name)
-            if isinstance(v, bool) or (not isinstance(v, str) and not isinstance(v, int)):
-                raise TypeError(f"Schedule.{knob.name} must be an int or str, got {type(v).__name__}")
+            want = str if isinstance(knob.default, str) else int
+            if isinstance(v, bool) or not isinstance(v, want):
+                raise TypeError(f"Schedule.{knob.name} must be {'a str' if want is str else 'an int'}, got {v!r} "
+                                f"({type(v).__name__})")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"mainloop must be one of {MAINLOOPS}, got {self.mainloop!r}")
         wg = self.mainloop == "wgmma"
@@ -369,6 +371,10 @@ class Schedule:
 _ID_RE = re.compile(r"^(idx|gcon|gmsk)-m(\d+)n(\d+)k64-w(\d+)-s(\d+)-c(\d+)((?:-[a-z]+\d*)*)$")
 
 
+def _id_part(knob: Knob, value) -> str:
+    return value if isinstance(knob.default, str) else f"{knob.token}{value}"
+
+
 @lru_cache(maxsize=512)
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
@@ -378,15 +384,19 @@ def _parse_id(text: str) -> Schedule:
     extra: dict = {}
     for part in filter(None, tail.split("-")):
         for knob in KNOBS:
-            if knob.always or knob.name in extra:
+            if knob.always:
                 continue
             if isinstance(knob.default, str):
-                if part in knob.legal:
-                    extra[knob.name] = part
-                    break
-            elif part.startswith(knob.token) and part[len(knob.token):].isdigit():
-                extra[knob.name] = int(part[len(knob.token):])
-                break
+                hit = part in knob.legal
+            else:
+                hit = part.startswith(knob.token) and part[len(knob.token):].isdigit()
+            if not hit:
+                continue
+            if knob.name in extra:
+                raise ValueError(f"schedule id {text!r}: {knob.name} given twice ({part!r} after "
+                                 f"{_id_part(knob, extra[knob.name])!r}); each part may appear once")
+            extra[knob.name] = part if isinstance(knob.default, str) else int(part[len(knob.token):])
+            break
         else:
             raise ValueError(f"schedule id {text!r}: unknown part {part!r}")
     return Schedule(_TAG_FAMILY[tag], int(bm), int(bn), int(w), int(s), int(c), **extra)
@@ -517,13 +527,40 @@ def _parse_rule(path: Path, where: str, r) -> Rule:
     unknown = sorted(set(r) - set(KNOB) - {"max_rows_per_expert", "why", "k_min", "k_max"})
     if unknown:
         raise ValueError(f"{path}: {where}: unknown rule fields {unknown} (knobs are {sorted(KNOB)})")
-    try:
-        bound = float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"])
-        k_min = int(r.get("k_min", 0))
-        k_max = float("inf") if r.get("k_max") is None else float(r["k_max"])
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: {where}: bad bound in rule {r}: {exc}") from None
-    return Rule(bound, {k: v for k, v in r.items() if k in KNOB}, str(r.get("why", "")), k_min, k_max)
+    for name in ("max_rows_per_expert", "k_min", "k_max"):
+        v = r.get(name)
+        if not (v is None or _is_number(v)) or (name == "k_min" and v is not None and v != int(v)):
+            want = "an int" if name == "k_min" else "a number or null"
+            raise ValueError(f"{path}: {where}: {name} must be {want}, got {v!r} ({type(v).__name__})")
+    for name, v in r.items():
+        knob = KNOB.get(name)
+        if knob is None:
+            continue
+        if isinstance(knob.default, str):
+            if not isinstance(v, str):
+                raise ValueError(f"{path}: {where}: {name} must be a string, one of {', '.join(map(repr, knob.legal))}; "
+                                 f"got {v!r} ({type(v).__name__})")
+        elif not _is_number(v) or v != int(v):
+            raise ValueError(f"{path}: {where}: {name} must be an int (one of {_legal_text(knob)}), got {v!r} "
+                             f"({type(v).__name__})")
+    bound = float("inf") if r["max_rows_per_expert"] is None else float(r["max_rows_per_expert"])
+    k_min = int(r.get("k_min") or 0)
+    k_max = float("inf") if r.get("k_max") is None else float(r["k_max"])
+    return Rule(bound, {k: (v if isinstance(v, str) else int(v)) for k, v in r.items() if k in KNOB},
+                str(r.get("why", "")), k_min, k_max)
+
+
+def _is_number(v) -> bool:
+    """A JSON number (not a bool, not NaN or infinite)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _legal_text(knob: Knob) -> str:
+    legal = knob.legal
+    if len(legal) > 8 and all(isinstance(v, int) for v in legal):
+        step = legal[1] - legal[0]
+        return f"{legal[0]}..{legal[-1]} in steps of {step}"
+    return ", ".join(map(str, legal))
 
 
 @lru_cache(maxsize=16)

@@ -38,6 +38,13 @@ _TOKEN = re.compile(r"""
 
 _TYPES = {"float", "double", "int", "auto", "bool", "unsigned", "long"}
 
+# Bounds that keep parsing and evaluation far from Python's recursion limit (an expression past
+# them is refused with a ValueError, not a RecursionError): vLLM's activations are a few dozen
+# operations nested a few levels deep.
+MAX_NESTING = 64  # parentheses, unary operators, calls and lambdas inside one another
+MAX_OPERATIONS = 256  # operators, calls, casts and lambdas in the whole expression
+MAX_LENGTH = 16384  # characters
+
 
 def _tokenize(text: str) -> list[tuple[str, str, int]]:
     out, pos = [], 0
@@ -142,6 +149,14 @@ class _Parser:
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
+        self.depth = 0
+        self.ops = 0
+
+    def op(self) -> None:
+        """Count one operation of the tree (its evaluation depth is at most the count)."""
+        self.ops += 1
+        if self.ops > MAX_OPERATIONS:
+            raise self.error(f"more than {MAX_OPERATIONS} operations (expected an activation of at most that many)")
 
     # token helpers
     def peek(self, ahead: int = 0) -> tuple[str, str, int]:
@@ -154,7 +169,7 @@ class _Parser:
 
     def error(self, what: str) -> ValueError:
         _, val, pos = self.peek()
-        return ValueError(f"activation expression: {what} at position {pos} (near {val!r}) in {self.text!r}")
+        return ValueError(f"activation expression: {what} at position {pos} (near {val!r}) in {_clip(self.text)}")
 
     def expect(self, value: str) -> None:
         if self.peek()[1] != value:
@@ -169,10 +184,21 @@ class _Parser:
         return node
 
     def expr(self, min_prec: int) -> Node:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"nesting deeper than {MAX_NESTING} levels (expected an activation nested at most that "
+                             "deep)")
+        try:
+            return self._expr(min_prec)
+        finally:
+            self.depth -= 1
+
+    def _expr(self, min_prec: int) -> Node:
         left = self.prefix()
         while True:
             _, op, _ = self.peek()
             if op == "?" and min_prec <= 1:
+                self.op()
                 self.take()
                 then = self.expr(0)
                 self.expect(":")
@@ -180,6 +206,7 @@ class _Parser:
                 left = (lambda env, c=left, t=then, o=other: _where(c(env), t(env), o(env)))
                 continue
             if op in _BINARY and _BINARY[op][0] >= max(min_prec, 2) and self.peek()[0] == "op":
+                self.op()
                 prec, fn = _BINARY[op]
                 self.take()
                 right = self.expr(prec + 1)
@@ -197,6 +224,7 @@ class _Parser:
         if val == "(":
             self.take()
             if self.peek()[1] in _TYPES and self.peek(1)[1] == ")":
+                self.op()
                 cast = self.take()[1]
                 self.take()
                 inner = self.expr(8)
@@ -207,6 +235,7 @@ class _Parser:
             self.expect(")")
             return node
         if val in ("-", "+", "!"):
+            self.op()
             self.take()
             inner = self.expr(8)
             if val == "-":
@@ -229,8 +258,9 @@ class _Parser:
         _, name, pos = self.take()
         if self.peek()[1] == "(":
             if name not in _FUNCS:
-                raise ValueError(f"activation expression: unknown function {name!r} at position {pos} in {self.text!r}")
+                raise ValueError(f"activation expression: unknown function {name!r} at position {pos} in {_clip(self.text)}")
             arity, fn = _FUNCS[name]
+            self.op()
             args = self.call_args()
             if len(args) != arity:
                 raise ValueError(f"activation expression: {name} takes {arity} argument(s), got {len(args)}")
@@ -242,7 +272,7 @@ class _Parser:
             try:
                 return env[n]
             except KeyError:
-                raise ValueError(f"activation expression: unknown name {n!r} at position {p} in {self.text!r}") from None
+                raise ValueError(f"activation expression: unknown name {n!r} at position {p} in {_clip(self.text)}") from None
 
         return var
 
@@ -259,6 +289,7 @@ class _Parser:
         return args
 
     def lambda_call(self) -> Node:
+        self.op()
         self.expect("[")
         while self.peek()[1] != "]":  # captures ([], [=], [&]) do not matter: the body sees only its params
             if self.peek()[0] == "end":
@@ -325,8 +356,16 @@ class _Parser:
 def compile_expression(text: str) -> Node:
     """Parse a CUDA float expression in ``a``/``b`` into a function ``env -> value`` (cached)."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"activation expression must be a non-empty string, got {text!r}")
+        raise ValueError(f"activation expression must be a non-empty string, got {_clip(text)}")
+    if len(text) > MAX_LENGTH:
+        raise ValueError(f"activation expression must be at most {MAX_LENGTH} characters, got {len(text)}: "
+                         f"{_clip(text)}")
     return _Parser(text).parse()
+
+
+def _clip(text, limit: int = 120) -> str:
+    t = repr(text)
+    return t if len(t) <= limit else t[:limit] + f"... ({len(text)} characters)"
 
 
 def evaluate(text: str, a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -66,6 +66,13 @@ def packed_experts(qweight, scales):
     return PackedExperts(qweight, scales, e, ng * g * 16, kb * 64)
 
 
+def padding_scales_zero(scales, n: int) -> bool:
+    """Whether the swap16g scales of the tiles past output feature n are all zero (chord.formats)."""
+    from chord.formats import padding_scales_zero as _zero
+
+    return _zero(scales, n)
+
+
 def quantized_experts(qweight, scales):
     """chord.formats.QuantizedExperts (int8 codes + bf16 group-32 scales) of raw swap16g tensors."""
     from chord.formats import unpack_experts
@@ -161,6 +168,13 @@ def schedule_as_dict(schedule) -> dict:
     from chord.schedule import as_dict
 
     return as_dict(schedule)
+
+
+def schedule_family(schedule_id: str) -> str:
+    """The kernel family of a schedule id (chord.schedule)."""
+    from chord.schedule import Schedule
+
+    return Schedule.from_id(schedule_id).family
 
 
 # --------------------------------------------------------------------------------------------

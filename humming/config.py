@@ -214,14 +214,23 @@ class LayerConfig:
             raise ChordUnsupportedError(f"Kernel scale dtype {self.bs_dtype}")
         if self.layout != "swap16g":
             raise ChordUnsupportedError(f"Kernel weight layout {self.layout!r}")
+        from chord.checks import is_int
+
+        for name in ("shape_n", "shape_k", "pad_shape_n", "pad_shape_k", "num_experts"):
+            v = getattr(self, name)
+            if not is_int(v):
+                raise ValueError(f"LayerConfig: {name} must be an int, got {v!r} ({type(v).__name__})")
         if self.shape_n % 16 or self.shape_k % 64 or self.shape_n <= 0 or self.shape_k <= 0:
             raise ValueError(f"LayerConfig: the swap16g layout needs shape_n % 16 == 0 and shape_k % 64 == 0 "
                              f"(padded sizes), got shape_n={self.shape_n}, shape_k={self.shape_k}")
         if not (0 <= self.pad_shape_n < self.shape_n and 0 <= self.pad_shape_k < self.shape_k):
             raise ValueError(f"LayerConfig: padding must be smaller than the padded size, got pad_shape_n="
                              f"{self.pad_shape_n} of {self.shape_n}, pad_shape_k={self.pad_shape_k} of {self.shape_k}")
-        if self.num_experts < 0:
-            raise ValueError(f"LayerConfig: num_experts must be >= 0, got {self.num_experts}")
+        from chord.checks import MAX_EXPERTS
+
+        if not 0 <= self.num_experts <= MAX_EXPERTS:
+            raise ValueError(f"LayerConfig: num_experts must be an int in [0, {MAX_EXPERTS}] (0: a dense layer; "
+                             f"chord.checks.MAX_EXPERTS), got {self.num_experts!r}")
 
     # --- what the forward needs -------------------------------------------------------------
     @property
@@ -268,7 +277,27 @@ class LayerConfig:
 
     @classmethod
     def from_str(cls, text: str) -> "LayerConfig":
-        return cls(**json.loads(text))
+        try:
+            fields = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"LayerConfig.from_str: text must be a JSON object of LayerConfig fields (as to_str() "
+                             f"writes); it is not valid JSON ({exc})") from None
+        return cls.from_dict(fields, "LayerConfig.from_str: text")
+
+    @classmethod
+    def from_dict(cls, fields: Any, what: str = "LayerConfig.from_dict: fields") -> "LayerConfig":
+        """A LayerConfig from a dict of its fields (unknown fields are refused by name)."""
+        if not isinstance(fields, dict):
+            raise ValueError(f"{what} must be a JSON object / dict of LayerConfig fields, got {type(fields).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"{what} has unknown LayerConfig fields {unknown} (fields are {sorted(known)})")
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.name not in fields and f.default is dataclasses.MISSING)
+        if missing:
+            raise ValueError(f"{what} lacks the LayerConfig fields {missing}")
+        return cls(**fields)
 
     def check_device(self, device) -> None:
         """Chord's kernels run on sm_90a; CPU tensors are allowed (reference path, tests)."""

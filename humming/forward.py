@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import torch
 
+from chord import checks
+
 from humming import _chord, ops, tune
 from humming.config import LayerConfig
 from humming.errors import ChordUnsupportedError
@@ -35,34 +37,82 @@ __all__ = ["humming_forward", "may_process_input", "may_quant_input"]
 _chord.load_ops()  # torch.ops.chord.* registered before anything is traced
 
 
-def _as_key(config: Any) -> Optional[str]:
+def _as_key(config: Any, name: str = "compute_config") -> Optional[str]:
     if config is None or isinstance(config, str):
         return config or None
-    return json.dumps(config, sort_keys=True)
+    try:
+        return json.dumps(config, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"humming_forward: {name} must be a JSON string or a JSON-serializable dict/list, got "
+                         f"{type(config).__name__} ({exc})") from None
+
+
+def _json(name: str, text: str, expected: str) -> Any:
+    """json.loads(text), or a ValueError naming the argument and what it must be."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"humming_forward: {name} must be {expected}; it is not valid JSON ({exc}): "
+                         f"{_clip(text)}") from None
+
+
+def _clip(text: Any, limit: int = 200) -> str:
+    t = repr(text)
+    return t if len(t) <= limit else t[:limit] + "..."
+
+
+_TUNING_FORM = ("a JSON list of [min_m, max_m, config] rows (humming.tune.get_heuristics_config) or one config "
+                "object")
 
 
 @lru_cache(maxsize=256)
 def _flags(compute_config: Optional[str]) -> tuple[str, bool]:
     """(gemm_type, batch-invariant mode) of a compute_config JSON."""
-    cfg = json.loads(compute_config) if compute_config else {}
+    cfg = _json("compute_config", compute_config, 'a JSON object like {"gemm_type": "indexed"}') if compute_config \
+        else {}
     if not isinstance(cfg, dict):
-        raise ValueError(f"compute_config must be a JSON object, got {compute_config!r}")
+        raise ValueError(f"humming_forward: compute_config must be a JSON object like {{\"gemm_type\": \"indexed\"}}, "
+                         f"got {_clip(compute_config)}")
     invariant = tune.check_compute_flags(cfg.get("use_f16_accum", False), cfg.get("use_batch_invariant", False))
     return tune._gemm_type(cfg.get("gemm_type", "dense")).value, invariant
 
 
 @lru_cache(maxsize=256)
 def _tuning_rows(tuning_config: str) -> tuple:
-    rows = json.loads(tuning_config)
+    """The rows of a tuning_config JSON, each checked: [min_m, max_m, config] with int bounds, a
+    config object holding a Chord schedule id, and block_shape[0] (the block size vLLM aligned its
+    routing with) equal to that schedule's block_m."""
+    from chord.schedule import Schedule
+
+    rows = _json("tuning_config", tuning_config, _TUNING_FORM)
     if isinstance(rows, dict):  # a single config
         rows = [[-1, tune.MAX_ROWS, rows]]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"humming_forward: tuning_config must be {_TUNING_FORM}, got {_clip(tuning_config)}")
     out = []
-    for row in rows:
+    for i, row in enumerate(rows):
+        where = f"humming_forward: tuning_config row {i}"
+        if not isinstance(row, list) or len(row) != 3:
+            raise ValueError(f"{where} must be [min_m, max_m, config], got {_clip(row)}")
         lo, hi, cfg = row
+        if not (checks.is_int(lo) and checks.is_int(hi)) or lo >= hi:
+            raise ValueError(f"{where} must start with two ints min_m < max_m, got {_clip(row[:2])}")
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{where}: config must be a JSON object, got {_clip(cfg)}")
         if "schedule" not in cfg:
             raise ChordUnsupportedError("A tuning config without a Chord schedule id (made by upstream Humming?)",
                                         "Let humming.tune.get_heuristics_config build the tuning rows.")
-        out.append((int(lo), int(hi), cfg))
+        try:
+            sched = Schedule.from_id(cfg["schedule"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: schedule must be a Chord schedule id: {exc}") from None
+        shape = cfg.get("block_shape")
+        if not isinstance(shape, list) or not shape or not checks.is_int(shape[0]):
+            raise ValueError(f"{where}: block_shape must be a list [block_m, block_n, 64], got {_clip(shape)}")
+        if shape[0] != sched.block_m:
+            raise ValueError(f"{where}: block_shape[0]={shape[0]} (the block size vLLM aligns its routing with) must "
+                             f"equal schedule {sched.id}'s block_m={sched.block_m}")
+        out.append((lo, hi, cfg))
     return tuple(out)
 
 
@@ -94,9 +144,10 @@ def _plan(compute_config: Optional[str], tuning_config: Optional[str], num_exper
                              "has several schedules over M: build it with humming.tune.get_heuristics_config("
                              "..., use_batch_invariant=True)")
         cfg = tune.row_for(rows, valid_shape_m)
-        if cfg.get("family", family) != family:
-            raise ValueError(f"tuning_config was made for the {cfg.get('family')} family, but compute_config asks "
-                             f"for {gemm_type}")
+        made_for = _chord.schedule_family(cfg["schedule"])
+        if cfg.get("family", made_for) != made_for or made_for != family:
+            raise ValueError(f"humming_forward: tuning_config was made for the {made_for} family (schedule "
+                             f"{cfg['schedule']}), but compute_config asks for {gemm_type}")
         plan = (family, cfg["schedule"], int(cfg["block_shape"][0]))
         if len(_PLANS) > 65536:
             _PLANS.clear()
@@ -159,6 +210,10 @@ def humming_forward(
         raise ChordUnsupportedError(f"humming_forward on {inputs.dtype} inputs", "Chord reads bf16 activations.")
     if weight_scale is None:
         raise ValueError("humming_forward: weight_scale is required (the layer's 'weight_scale' tensor)")
+    if type(top_k) is not int or top_k < 1:  # refused as chord.ops refuses it (a traced SymInt passes)
+        if not (torch.compiler.is_compiling() and isinstance(top_k, torch.SymInt)):
+            checks.top_k("humming_forward", top_k)
+    check_layer_tensors(config, weight, weight_scale)
 
     kn, kk = config.shape_n, config.shape_k
     x = inputs
@@ -173,7 +228,8 @@ def humming_forward(
         x = x.reshape(-1, kk)
 
     compute_key = compute_config if compute_config is None or type(compute_config) is str else _as_key(compute_config)
-    tuning_key = tuning_config if tuning_config is None or type(tuning_config) is str else _as_key(tuning_config)
+    tuning_key = (tuning_config if tuning_config is None or type(tuning_config) is str
+                  else _as_key(tuning_config, "tuning_config"))
     gemm = _gemm_kind(compute_key)
     if gemm == "indexed":
         if sorted_ids is None or expert_ids is None or num_tokens_padded is None:
@@ -215,6 +271,49 @@ def humming_forward(
     return outputs
 
 
+_LAYERS_CHECKED: dict = {}
+
+
+def check_layer_tensors(config: LayerConfig, weight: Any, weight_scale: Any, fn: str = "humming_forward") -> None:
+    """The kernel tensors must be the layer's: `weight` (swap16g ``[E, N/16/G, K/64, G, 32, 4]``)
+    and `weight_scale` of the config's experts and padded N and K, and for a layer padded along N
+    (``pad_shape_n``) zero scales in the padding rows, as
+    :func:`humming.transform.prepare_and_transform_humming_tensors` writes them: another layer's
+    weights of the padded size would fill them. Checked once per (layer shape, weight tensor) and
+    remembered (a later call is one dict lookup); the padding (one device reduction over the
+    padding rows) outside CUDA-graph capture and torch.compile tracing. Other problems of the
+    tensors (dtype, device, layout) are chord.ops' to name."""
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 6 and isinstance(weight_scale, torch.Tensor)
+            and weight_scale.dim() == 7):
+        return
+    key = (config.num_experts, config.shape_n, config.shape_k, config.pad_shape_n, weight.shape, weight_scale.shape,
+           weight_scale.data_ptr() if checks.has_memory(weight_scale) else None, weight_scale.device)
+    if key in _LAYERS_CHECKED:  # this layer's tensors, seen before: one dict lookup per call
+        return
+    e, ng, kb, g = (int(v) for v in weight.shape[:4])
+    want = (config.kernel_experts, config.shape_n, config.shape_k)
+    got = (e, ng * g * 16, kb * 64)
+    for i, name in enumerate(("experts", "N (padded)", "K (padded)")):
+        if got[i] != want[i]:
+            raise ValueError(f"{fn}: weight must be this layer's, with {want[i]} {name} (its LayerConfig: "
+                             f"num_experts={config.num_experts}, shape_n={config.shape_n}, shape_k={config.shape_k}), "
+                             f"got {got[i]} (weight shape {tuple(weight.shape)}): another layer's weights?")
+    if tuple(weight_scale.shape[:4]) != tuple(weight.shape[:4]):
+        raise ValueError(f"{fn}: weight_scale must match weight [E, N/16/G, K/64, G] = {tuple(weight.shape[:4])}, got "
+                         f"shape {tuple(weight_scale.shape)}")
+    if config.pad_shape_n:
+        if key[6] is None or torch.compiler.is_compiling() or (
+                weight_scale.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return  # no values to read now: checked at the next eager call
+        if not _chord.padding_scales_zero(weight_scale, config.n):
+            raise ValueError(f"{fn}: weight_scale must be zero in the N padding of this layer (features {config.n}.."
+                             f"{config.shape_n - 1}; LayerConfig pad_shape_n={config.pad_shape_n}), but it is not: "
+                             "weights of another layer of the padded size?")
+    if len(_LAYERS_CHECKED) >= 4096:
+        _LAYERS_CHECKED.clear()
+    _LAYERS_CHECKED[key] = True
+
+
 def _launched(config: LayerConfig, inputs, weight, weight_scale, outputs, sorted_ids, expert_ids, num_tokens_padded,
               expert_layout, top_k: int, valid_shape_m: int, compute_config: str, tuning_config: str) -> bool:
     """The eager fast path of a repeated call: its tuning row already looked up (_PLANS) and the
@@ -227,6 +326,8 @@ def _launched(config: LayerConfig, inputs, weight, weight_scale, outputs, sorted
     plan = _PLANS.get((compute_config, tuning_config, config.num_experts, config.shape_n, config.shape_k,
                        valid_shape_m))
     if plan is None:
+        return False
+    if weight.shape[0] != config.num_experts:  # another layer's weights: the path below refuses them
         return False
     family, schedule, block_m = plan
     if family == "indexed":

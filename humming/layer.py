@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from humming.config import GemmType, LayerConfig
-from humming.forward import humming_forward
+from humming.forward import check_layer_tensors, humming_forward
 from humming.schema import BaseWeightSchema, HummingInputSchema
 from humming.transform import prepare_and_transform_humming_tensors
 
@@ -21,6 +21,7 @@ __all__ = ["HummingLayer"]
 class HummingLayer(torch.nn.Module):
     def __init__(self, config: LayerConfig, weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
         super().__init__()
+        check_layer_tensors(config, weight, weight_scale, fn="HummingLayer")
         self.config = config
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
         self.weight_scale = torch.nn.Parameter(weight_scale, requires_grad=False)

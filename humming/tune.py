@@ -142,7 +142,7 @@ def get_heuristics_config(
     """
     invariant = check_compute_flags(use_f16_accum, use_batch_invariant)
     if isinstance(layer_config, dict):
-        layer_config = LayerConfig(**layer_config)
+        layer_config = LayerConfig.from_dict(layer_config, "get_heuristics_config: layer_config")
     if not isinstance(layer_config, LayerConfig):
         raise TypeError(f"layer_config must be a humming LayerConfig, got {type(layer_config).__name__}")
     rows = _rows(layer_config, family_for(gemm_type, layer_config), invariant)

@@ -5,6 +5,7 @@
   ``requires_gpu`` is the same rule as a reusable decorator (``from conftest import requires_gpu``).
 * ``load_tool("host_time")`` imports ``tools/host_time.py`` (the tools are scripts, not a package)
   as a module for a CPU test of its command line (``from conftest import load_tool``).
+* ``routing_check``: chord.ops' host check of device routing values switched on for one test.
 """
 
 import importlib.util
@@ -41,3 +42,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def routing_check():
+    """chord.ops' routing-value check switched on for the test (CHORD_CHECK_ROUTING may be off)."""
+    import chord.ops
+
+    before = chord.ops._check_routing
+    chord.ops.check_routing(True)
+    yield
+    chord.ops.check_routing(before)

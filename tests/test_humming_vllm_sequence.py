@@ -701,7 +701,7 @@ def test_vllm_sequence_traces_with_fullgraph_torch_compile_cpu(case, monkeypatch
     from humming import _reference
 
     monkeypatch.setattr(chord_ops, "_gemm_indexed_impl",
-                        lambda x, qw, sc, si, ei, ntp, out, top_k, bm, s, check=None: _reference.gemm_indexed(
+                        lambda x, qw, sc, si, ei, ntp, out, top_k, bm, s, check=None, all_routes=False: _reference.gemm_indexed(
                             x, qw, sc, si, ei, ntp, out, top_k, bm))
     monkeypatch.setattr(chord_ops, "_gemm_contiguous_impl",
                         lambda x, qw, sc, off, out, s, check=None: _reference.gemm_contiguous(x, qw, sc, off, out))

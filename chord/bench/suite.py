@@ -214,6 +214,12 @@ def load_suite(path: str | Path | None = None) -> Suite:
     except FileNotFoundError:
         raise ValueError(f"suite file {str(p)!r} not found (packaged suites: "
                          f"{', '.join(x.stem for x in SUITES_DIR.glob('*.json'))})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"suite file {str(p)!r}: not valid JSON ({exc}); a suite is an object with 'scenarios'")\
+            from None
+    if not isinstance(data, dict) or not isinstance(data.get("scenarios"), list):
+        raise ValueError(f"suite file {str(p)!r} must be a JSON object with a 'scenarios' list, got "
+                         f"{type(data).__name__}")
     model = data.get("model", {})
     top_k = int(model.get("top_k", 8))
     scenarios = tuple(scenario_from_dict(s, top_k) for s in data["scenarios"])

@@ -246,3 +246,39 @@ def test_numerical_health(s):
         hit[[5, 40]] = True
         assert (~torch.isfinite(out[hit])).any(dim=1).all(), f"{bad} in a row must reach that row's outputs"
         assert same_bits(out[~hit], clean[~hit]), f"{bad} leaked into other rows or experts"
+
+
+# ---- the trusted paths: bad routing values that nothing reads before the launch (issue 27) ----
+
+
+def _sanitize_cases():
+    """tools/sanitize_cases.py, imported as `sanitize_cases` (the cases tools/sanitize.sh runs under
+    compute-sanitizer memcheck)."""
+    import sys
+    from pathlib import Path
+
+    tools = str(Path(__file__).resolve().parents[2] / "tools")
+    sys.path.insert(0, tools)
+    try:
+        import sanitize_cases
+    finally:
+        sys.path.remove(tools)
+    return sanitize_cases
+
+
+_SC = _sanitize_cases()
+
+
+@pytest.mark.parametrize("case", _SC.TRUSTED_CASES, ids=lambda c: c.name.replace(" ", "-"))
+def test_trusted_paths_survive_bad_routing_values(case):
+    """Each family x main loop x bad value x trusted path of tools/sanitize_cases.py, without the
+    sanitizer: no CUDA error, the kernel launched on the path the case names (a plan case from
+    its launch plan), and every row the contract defines is written and right, every row it
+    skips still NaN."""
+    qe, pw = experts(_SC.E, _SC.N, _SC.K, seed=1)
+    ran, fails = _SC.run_trusted(case, qe, pw)
+    torch.cuda.synchronize()  # an asynchronous fault surfaces here, against this case
+    assert not fails, fails
+    assert sum(ran.values()) >= 1, ran
+    if case.path in ("plan", "humming"):
+        assert ran["plan"] >= 1, ran
