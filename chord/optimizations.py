@@ -223,6 +223,18 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "256-row tile at tok256 / tok512 contiguous, neutral to slower on smaller tiles; off: the cp.async "
                  "gather, CTAs in grid order",
                  "policy", None, IMPLEMENTED, "05_grouped_contiguous_masked", rule="grouped_tma_pairs"),
+    Optimization("decode streaming tile",
+                 "the heuristic gives mma decode tiles (at most 16 token rows) at K >= 4096 where N has 8 or more "
+                 "256-feature blocks BN 256 on 4 warps with a 6-stage ring (~55 KB of weights in flight per "
+                 "CTA), whatever the waves: with 12 and 24 local experts (EP32 / EP16) the wave-aware 128-wide "
+                 "tile streamed 5-19 % slower (chord tune of the large-EP suite, H200 2026-12-03); off: the "
+                 "wave-aware BN and buffered-K rules decide",
+                 "policy", None, IMPLEMENTED, "04_wave_aware_bn", rule="decode_stream_tile"),
+    Optimization("split-K to fill the wave",
+                 "the heuristic splits K in two where an mma tile grid fills more than half but at most 3/4 of "
+                 "one wave and K >= 4096, so the one wave is full (EP32 decode gate_up: 64 vs 69 us at 2 rows "
+                 "per expert, H200 2026-12-03); off: the split-K gate alone",
+                 "policy", None, IMPLEMENTED, "06_split_and_stream_k", rule="split_k_fill"),
     Optimization("raster on every wgmma tile",
                  "the heuristic gives every wgmma schedule with more than one token tile raster 8 (8 token "
                  "tiles, of one expert or of several, walk the N blocks together); off: launch order",

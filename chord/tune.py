@@ -770,14 +770,32 @@ def environment() -> dict:
 
     env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
            "cuda": torch.version.cuda, "torch": torch.__version__, "chord": getattr(chord, "__version__", "?")}
-    try:
-        v = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
-        if v is None and torch.cuda.is_available():
-            v = torch._C._cuda_getDriverVersion()
-        env["driver"] = f"{v // 1000}.{(v % 1000) // 10}" if isinstance(v, int) else str(v)
-    except (AttributeError, RuntimeError):
-        env["driver"] = "unknown"
+    env["driver"] = _driver_version()
     return env
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver's version (nvidia-smi, else NVML), or "unknown"."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20).stdout.split()
+            if out:
+                return out[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:  # NVML missing or failing: the version is only recorded, never needed
+        return "unknown"
 
 
 def write_tuning(points: list[Point], out_dir: Path, *, profile_file: str = "h200", meta: dict | None = None,
