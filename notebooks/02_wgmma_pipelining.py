@@ -33,7 +33,7 @@ GEMM = "gate_up"
 from chord import optimizations
 from chord.schedule import profile_for, select
 from chord.bench.suite import load_suite
-from chord.workbench import best_by, recorded_tuning
+from chord.workbench import best_by, recorded_file, recorded_tuning
 from chord.workbench import figures
 
 sc = load_suite().scenario(SCENARIO)
@@ -56,7 +56,7 @@ rows = best_by([p for p in points if p["rows_per_expert"] >= 12], {
     "wgmma": lambda s: s.mainloop == "wgmma" and s.raster == 0,
     "wgmma+raster": lambda s: s.mainloop == "wgmma" and s.raster > 0,
 })
-print(f"recorded: chord/bench/results/{points[0]['file']}")
+print(f"recorded: {recorded_file(points[0]['file'])}")
 print(f"{'scenario':20s} {'family':20s} {'gemm':8s} {'mma us':>8s} {'wgmma us':>9s} {'ratio':>6s}")
 for r in rows:
     w = min(v for v in (r["wgmma_us"], r["wgmma+raster_us"]) if v is not None) if r["wgmma_us"] else None
@@ -129,7 +129,7 @@ abl_w, _ = ablate.rule_ablation("02_wide_warp_tiles", "wide_warp_tiles", "wide t
 # %%
 from chord.workbench import figures, knob_pairs, recorded_timing
 
-bw = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-s9-bulk-tma-pairs"), "bulk_w", 0, "bw1", "off")
+bw = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs"), "bulk_w", 0, "bw1", "off")
       if r["run"] == 1]
 for r in bw:
     print(f"{r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['bw1_schedule']:48s} off {r['off_us']:7.1f} us  "

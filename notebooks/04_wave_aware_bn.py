@@ -30,7 +30,7 @@ GEMM = "gate_up"
 
 # %%
 from chord import optimizations
-from chord.workbench import SMS_H200, best_by, decision_row, recorded_tuning
+from chord.workbench import SMS_H200, best_by, decision_row, recorded_file, recorded_tuning
 from chord.workbench import figures
 from chord.workbench.explore import gemm_shape, tile_count, waves
 
@@ -61,7 +61,7 @@ for tok_e in (1, 4, 12, 32, 64, 128, 256, 512):
 # %%
 points = recorded_tuning()
 rows = best_by(points, {"BN=128": lambda s: s.block_n == 128, "BN=256": lambda s: s.block_n == 256})
-print(f"recorded: chord/bench/results/{points[0]['file']}")
+print(f"recorded: {recorded_file(points[0]['file'])}")
 print(f"{'scenario':20s} {'family':20s} {'gemm':8s} {'BN=128 us':>10s} {'BN=256 us':>10s} {'256/128':>8s}")
 for r in rows:
     a, b = r["BN=128_us"], r["BN=256_us"]

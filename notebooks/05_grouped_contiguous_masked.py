@@ -128,7 +128,7 @@ for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic"
 # %%
 from chord.workbench import figures, knob_pairs, recorded_timing
 
-s9 = recorded_timing("2026-12-01-h200-timing-s9-bulk-tma-pairs")
+s9 = recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs")
 for knob, label in (("tma_x", "tx1"), ("cluster_n", "cn2")):
     pairs = [r for r in knob_pairs(s9, knob, 0 if knob == "tma_x" else 1, label, "off") if r["run"] == 6
              and r["family"] != "indexed"]

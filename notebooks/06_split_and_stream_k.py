@@ -97,14 +97,14 @@ figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n
 from chord.workbench import knob_pairs, recorded_timing
 
 # (knob_pairs leaves out ids that are no schedule any more, e.g. the split-K stm0 one of run 3)
-stm = knob_pairs(recorded_timing("2026-12-01-h200-timing-s8-epilogue-tiles"), "stmatrix", 0, "stmatrix", "stm0")
+stm = knob_pairs(recorded_timing("2026-12-01-h200-timing-6d111f6-epilogue-tiles"), "stmatrix", 0, "stmatrix", "stm0")
 for r in stm:
     print(f"run {r['run']}  {r['scenario']:18s} {r['gemm']:7s} {r['stmatrix_schedule']:44s} stm0 {r['stm0_us']:7.1f} us  "
           f"stmatrix {r['stmatrix_us']:7.1f} us  ({r['stmatrix_us'] / r['stm0_us'] - 1:+.1%}, same bits: {r['same_bits']})")
 figures.ablation_figure(stm, ["stm0", "stmatrix"], "stmatrix epilogue on / off (one GEMM, recorded A/B)")
 
 # %%
-ps = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-s8-persistent"), "persistent", 0, "persistent",
+ps = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-6d111f6-persistent"), "persistent", 0, "persistent",
                             "one CTA per item") if r["run"] == 4]
 for r in ps:
     print(f"run {r['run']}  {r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['persistent_schedule']:48s} "
@@ -148,7 +148,7 @@ import math
 from chord import tune
 from chord.bench.suite import load_suite
 from chord.schedule import profile_for, select
-from chord.workbench import gpu_available, recorded_timing
+from chord.workbench import gpu_available, recorded_file, recorded_timing
 
 for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
     for bn in (64, 128):
@@ -156,7 +156,7 @@ for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
         print(f"{gemm:8s} block_n {bn:3d}: {8 * (n // bn):4d} tiles, {units:5d} units over 132 x 2 CTAs = "
               f"{math.ceil(units / 264)} K blocks per CTA")
 
-STK_FILE = "2026-12-01-h200-timing-s11-stream-k"
+STK_FILE = "2026-12-01-h200-timing-05c29c3-stream-k"
 if gpu_available():
     sc = load_suite().scenario(SCENARIO)
     stk = []
@@ -168,7 +168,7 @@ if gpu_available():
     print("live on this GPU")
 else:
     stk = [r for r in recorded_timing(STK_FILE) if r["scenario"] == SCENARIO]
-    print(f"recorded: chord/bench/results/{STK_FILE}.json (no sm_90 GPU here, so nothing ran live)")
+    print(f"recorded: {recorded_file(STK_FILE + '.json')} (no sm_90 GPU here, so nothing ran live)")
 for gemm in ("gate_up", "down"):
     rows = [r for r in stk if r["gemm"] == gemm]
     if rows:

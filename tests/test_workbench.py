@@ -153,7 +153,7 @@ def test_notebook_tables_round_trip(tmp_path, monkeypatch):
     assert path.read_text().startswith("# ") and "a test table" in path.read_text().splitlines()[0]
     monkeypatch.setattr(data, "DATA_DIR", tmp_path)
     back, where = data.recorded_table("t")
-    assert back == rows and "recorded:" in where and "notebooks/data/t.csv" in where
+    assert back == rows and "recorded:" in where and "chord/data/notebooks/t.csv" in where
     with pytest.raises(FileNotFoundError, match="no committed notebook table"):
         data.recorded_table("missing")
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
@@ -241,7 +241,7 @@ def test_recorded_timing_and_knob_pairs():
     """The committed A/B files read as rows with their run, and pair by one knob within a run."""
     from chord.workbench import knob_pairs, recorded_timing
 
-    rows = recorded_timing("2026-12-01-h200-timing-s8-epilogue-tiles")
+    rows = recorded_timing("2026-12-01-h200-timing-6d111f6-epilogue-tiles")
     assert rows and all({"run", "file", "schedule", "us"} <= set(r) for r in rows)
     pairs = knob_pairs(rows, "stmatrix", 0, "on", "off")
     assert pairs and all(p["on_schedule"] + "-stm0" == p["off_schedule"] for p in pairs)
@@ -251,7 +251,7 @@ def test_recorded_timing_and_knob_pairs():
     with pytest.raises(FileNotFoundError):
         recorded_timing("nope")
     with pytest.raises(ValueError, match="not an A/B timing file"):
-        recorded_timing("2026-12-01-h200-session8")
+        recorded_timing("2026-12-03-h200-9ad84e0")  # the shipped suite run
 
 
 # ---- pair ablations (notebook 06: programmatic dependent launch)

@@ -13,7 +13,7 @@ or notebooks switch knobs off):
 * the decision for every suite GEMM under the profile, the heuristic, each heuristic rule off
   and the batch-invariant policy (what `chord bench --policy`, the notebooks' ablations and
   vLLM's tuning rows select);
-* the schedules named in the committed notebook tables (`notebooks/data/*.csv`);
+* the schedules named in the committed notebook tables (`chord/data/notebooks/*.csv`);
 * with ``--tests`` (default on): the fuzz pools of `tests/gpu/test_fuzz_gpu.py`, the sanitizer's
   cases (`tools/sanitize_cases.py`) and every schedule id written in `tests/gpu` and `tools`;
 * with ``--tune SCENARIOS``: every candidate `chord tune` would time there;

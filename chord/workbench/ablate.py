@@ -5,7 +5,7 @@ A *variant* is a label and how to get a schedule for a point: a selection policy
 that policy) or an optimization of `chord.optimizations` switched off on the profile's
 schedule. Every distinct schedule of a point is timed once by `chord.tune.time_schedules` (the
 inputs `chord tune` uses, do_bench median of a CUDA-graph replay, output compared with the
-first variant's). Live on an sm_90 GPU (and saved as ``notebooks/data/<name>.csv`` when
+first variant's). Live on an sm_90 GPU (and saved as ``chord/data/notebooks/<name>.csv`` when
 $CHORD_NOTEBOOK_DATA_OUT is set), else the committed table of the same name.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def measure(points, variants: dict, rep_ms: float = 20.0) -> list[dict]:
 
 
 def ablation(name: str, points, variants: dict, what: str, rep_ms: float = 20.0) -> tuple[list[dict], str]:
-    """(rows, where they come from): `measure` live, or the committed notebooks/data/<name>.csv.
+    """(rows, where they come from): `measure` live, or the committed chord/data/notebooks/<name>.csv.
     A recorded table whose schedules are no longer what the variants select (a rule or the
     profile changed since it was measured) says so in `where`, naming the rows (:func:`stale_rows`)."""
     rows, where = live_or_recorded(name, lambda: measure(points, variants, rep_ms), what)
@@ -228,12 +228,12 @@ def measure_pairs(points, variants: dict, rep_ms: float = 50.0, warmup_ms: float
 
 def pair_ablation(name: str, points, variants: dict, what: str, rep_ms: float = 50.0) -> tuple[list[dict], str]:
     """(rows, where they come from): :func:`measure_pairs` live, or the committed
-    notebooks/data/<name>.csv; where neither exists (not yet run on an H200), no rows and a line
+    chord/data/notebooks/<name>.csv; where neither exists (not yet run on an H200), no rows and a line
     saying so, never numbers from elsewhere."""
     try:
         return live_or_recorded(name, lambda: measure_pairs(points, variants, rep_ms), what)
     except FileNotFoundError:
-        return [], (f"not measured on an H200 yet (no notebooks/data/{name}.csv): run this notebook on one with "
+        return [], (f"not measured on an H200 yet (no chord/data/notebooks/{name}.csv): run this notebook on one with "
                     f"$CHORD_NOTEBOOK_DATA_OUT set to record it; the schedules it would time are printed below")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 
-from chord.workbench.data import gpu_available, recorded_capture
+from chord.workbench.data import gpu_available, recorded_capture, recorded_file
 
 
 def profile_commands(scenario: str, family: str) -> list[str]:
@@ -31,7 +31,7 @@ def capture_or_recorded(scenario: str, family: str = "indexed", iters: int = 2) 
         cap = recorded_capture(scenario, family)
     except FileNotFoundError:
         return None, f"no sm_90 GPU here and no committed capture of {scenario} {family}; {how}"
-    return cap, f"recorded H200 capture chord/bench/results/{cap['file']} (no sm_90 GPU here); {how}"
+    return cap, f"recorded H200 capture {recorded_file(cap['file'])} (no sm_90 GPU here); {how}"
 
 
 def show_capture(scenario: str, family: str = "indexed", iters: int = 2):
