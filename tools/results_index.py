@@ -57,9 +57,10 @@ def _kind(rest: str) -> tuple[str, str]:
 
 
 def added_in(path: Path) -> str | None:
-    """The commit that first added this file (following renames), None without git history."""
+    """The commit that added this file at its path, None without git history (a file moved here
+    keeps the commit that first added it: the index's earlier entry is kept, see build)."""
     try:
-        out = subprocess.run(["git", "log", "--follow", "--diff-filter=A", "--format=%h", "--", str(path)],
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h", "--", str(path)],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -86,12 +87,12 @@ def files() -> list[Path]:
 
 
 def build(previous: dict | None = None, *, history: bool = True) -> list[dict]:
-    """The index; `added_in` from git (history=True) or kept from `previous` entries."""
+    """The index; `added_in` kept from `previous` entries, else from git (history=True)."""
     prev = {e["file"]: e for e in (previous or {}).get("files", [])}
     out = []
     for p in files():
         e = entry(p)
-        e["added_in"] = added_in(p) if history else prev.get(e["file"], {}).get("added_in")
+        e["added_in"] = prev.get(e["file"], {}).get("added_in") or (added_in(p) if history else None)
         out.append(e)
     return out
 
@@ -110,7 +111,8 @@ def main(argv=None) -> int:
             print("results/index.json is out of date: run python tools/results_index.py", file=sys.stderr)
             return 1
         return 0
-    INDEX.write_text(json.dumps({"about": about, "files": build()}, indent=1) + "\n")
+    old = json.loads(INDEX.read_text()) if INDEX.is_file() else None
+    INDEX.write_text(json.dumps({"about": about, "files": build(old)}, indent=1) + "\n")
     print(f"wrote {INDEX.relative_to(ROOT)}")
     return 0
 
