@@ -1,5 +1,5 @@
 """The ``chord`` command line: ``chord bench``, ``chord tune``, ``chord info``, ``chord precompile``,
-``chord profile``, ``chord limits``.
+``chord profile``, ``chord limits``, ``chord doctor`` (chord.doctor).
 
 Every flag and every CHORD_* environment value a command reads is checked (``chord._args``)
 before the command does anything, the same way on a machine with or without a GPU: a bad one
@@ -180,6 +180,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from chord import doctor
+
+    return doctor.main()
+
+
 def _cmd_precompile(args: argparse.Namespace) -> int:
     from chord import jit
 
@@ -293,12 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper",
                                      formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"chord {chord.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile,profile,limits}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,doctor,precompile,profile,limits}")
     sub.required = True
     _add_bench(sub)
     pi = _add_parser(sub, "info", "print versions, the GPU, the compiler, the kernel cache and the profiles",
                      "Reports; runs nothing. Exits 2 when a CHORD_* environment value is invalid.")
     pi.set_defaults(func=_cmd_info)
+    pd = _add_parser(sub, "doctor", "check that this installation can serve: GPU, nvcc, kernel cache, profile, a "
+                                    "forward through the humming root",
+                     "One PASS / FAIL / SKIP line per check; exits 1 when a check fails. Without a GPU the forward "
+                     "runs on the float32 reference path and the kernel checks say SKIP.")
+    pd.set_defaults(func=_cmd_doctor)
     pp = _add_parser(sub, "precompile", "build every kernel a profile can select into the kernel cache",
                      "Needs nvcc, not a GPU: build here, carry the cache ($CHORD_CACHE_DIR) to the GPU machine.")
     _add_profile(pp)
@@ -348,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chord.jit import JitError
 
     try:
-        if args.command != "info":
+        if args.command not in ("info", "doctor"):  # these two report bad values instead of refusing them
             _check_common(args)
         return int(args.func(args) or 0)
     except (ValueError, JitError) as exc:  # bad flags, environment, profile, cache folder, nvcc: a message, exit 2
