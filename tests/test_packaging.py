@@ -50,3 +50,38 @@ def test_results_index_describes_every_file():
         assert (ROOT / e["file"]).is_file(), e["file"]
         assert e["date"] and e["gpu"] and e["kind"] and e["what"] and e["added_in"], e
         assert e["shipped"] == e["file"].startswith("chord/data/results/")
+
+
+def test_the_jupyterlab_setting_is_installed_with_the_package():
+    """pip puts data-files into the environment's prefix: JupyterLab reads
+    <prefix>/share/jupyter/lab/settings/overrides.d/*.json as its defaults."""
+    import json
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    data_files = pyproject["tool"]["setuptools"]["data-files"]
+    target = "share/jupyter/lab/settings/overrides.d"
+    assert data_files[target] == [f"{target}/chord-moe.json"]
+    setting = json.loads((ROOT / target / "chord-moe.json").read_text())
+    viewers = setting["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]
+    assert viewers == {"python": "Jupytext Notebook"}
+    assert f"include {target}/chord-moe.json" in (ROOT / "MANIFEST.in").read_text()  # the sdist carries it
+
+
+def test_notebooks_keep_their_header_when_jupyterlab_saves_them():
+    """notebooks/jupytext.toml: what JupyterLab adds when it opens and runs a notebook (jupytext
+    version, language info, widget state, cell UI state) is not written back to the .py file."""
+    import jupytext
+    from jupytext.config import load_jupytext_config
+
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        text = path.read_text()
+        config = load_jupytext_config(str(path))
+        assert config is not None and config.notebook_metadata_filter == "kernelspec,-jupytext"
+        nb = jupytext.reads(text, fmt="py:percent")
+        nb.metadata["jupytext"] = {"text_representation": {"extension": ".py", "format_name": "percent",
+                                                           "format_version": "1.3", "jupytext_version": "1.19.6"}}
+        nb.metadata["language_info"] = {"name": "python", "version": "3.11.7"}
+        nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+        for cell in nb.cells:
+            cell.metadata.update(scrolled=True, jupyter={"source_hidden": False}, execution={})
+        assert jupytext.writes(nb, fmt="py:percent", config=config) == text, path.name
