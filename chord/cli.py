@@ -241,10 +241,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         return 0
     print(f"chord profile: {cap.scenario} {cap.family}, {cap.iters} x (gate_up + down"
           f"{', one CUDA-graph replay each' if cap.cuda_graph else ''}), tool {cap.tool}")
+    names = [r["range"] for r in cap.ranges] + [f"kernel {r['kernel']}" for r in cap.kernels[:8]]
+    width = max((len(n) for n in names), default=0)  # names whole, never cut
     for r in cap.ranges:
-        print(f"  {r['range']:58s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us GPU per call")
+        print(f"  {r['range']:{width}s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us GPU per call")
     for r in cap.kernels[:8]:
-        print(f"  kernel {r['kernel'][:51]:51s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us per call")
+        print(f"  {'kernel ' + r['kernel']:{width}s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us per call")
     for name, path in cap.files.items():
         print(f"  wrote {name}: {path}")
     return 0

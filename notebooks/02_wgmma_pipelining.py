@@ -123,13 +123,12 @@ abl_w, _ = ablate.rule_ablation("02_wide_warp_tiles", "wide_warp_tiles", "wide t
 # threads do. No profile rule uses it.
 
 # %%
-from chord.workbench import figures, knob_pairs, recorded_timing
+from chord.workbench import figures, knob_pairs, recorded_file, recorded_timing
+from chord.workbench.tables import show_pairs
 
 bw = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs"), "bulk_w", 0, "bw1", "off")
       if r["run"] == 1]
-for r in bw:
-    print(f"{r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['bw1_schedule']:48s} off {r['off_us']:7.1f} us  "
-          f"bw1 {r['bw1_us']:7.1f} us  ({r['bw1_us'] / r['off_us'] - 1:+.1%})")
+show_pairs(bw, "bw1", "off", f"recorded: {recorded_file(bw[0]['file'])}")
 figures.ablation_figure(bw, ["off", "bw1"], "bulk weight copies on / off (one GEMM, recorded A/B)")
 
 # %% [markdown]

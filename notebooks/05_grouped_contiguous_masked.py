@@ -72,8 +72,7 @@ LABELS = ["profile", "raster off"]
 VARIANTS = {"profile": ablate.policy("profile"), "raster off": ablate.knob_off("tile raster")}
 POINTS = [("ep8-prefill-tok128", "grouped_contiguous", "gate_up"), ("ep8-prefill-tok512", "grouped_contiguous", "gate_up")]
 abl, where = ablate.ablation("05_raster", POINTS, VARIANTS, "tile raster on/off on the profile's contiguous schedules")
-print(where)
-print(ablate.table(abl, LABELS))
+ablate.show_table(abl, LABELS, where)
 
 # %% [markdown]
 # ## Measured: the heuristic's raster on every wgmma tile
@@ -122,15 +121,14 @@ for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic"
 # docs/optimizations.md).
 
 # %%
-from chord.workbench import figures, knob_pairs, recorded_timing
+from chord.workbench import figures, knob_pairs, recorded_file, recorded_timing
+from chord.workbench.tables import show_pairs
 
 s9 = recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs")
 for knob, label in (("tma_x", "tx1"), ("cluster_n", "cn2")):
     pairs = [r for r in knob_pairs(s9, knob, 0 if knob == "tma_x" else 1, label, "off") if r["run"] == 6
              and r["family"] != "indexed"]
-    for r in pairs:
-        print(f"{label}  {r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r[label + '_schedule']:48s} "
-              f"off {r['off_us']:7.1f} us  on {r[label + '_us']:7.1f} us  ({r[label + '_us'] / r['off_us'] - 1:+.1%})")
+    show_pairs(pairs, label, "off", f"{knob}: recorded {recorded_file(pairs[0]['file'])}")
     figures.ablation_figure(pairs, ["off", label], f"{knob} on / off (one GEMM, recorded A/B)")
 
 # %% [markdown]

@@ -90,22 +90,18 @@ figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n
 # (run 3: 1342.9 and 408.4 us) persistence is 3 % and 25 % slower (docs/optimizations.md).
 
 # %%
-from chord.workbench import knob_pairs, recorded_timing
+from chord.workbench import knob_pairs, recorded_file, recorded_timing
+from chord.workbench.tables import show_pairs
 
 # (knob_pairs leaves out ids that are no schedule any more, e.g. the split-K stm0 one of run 3)
 stm = knob_pairs(recorded_timing("2026-12-01-h200-timing-6d111f6-epilogue-tiles"), "stmatrix", 0, "stmatrix", "stm0")
-for r in stm:
-    print(f"run {r['run']}  {r['scenario']:18s} {r['gemm']:7s} {r['stmatrix_schedule']:44s} stm0 {r['stm0_us']:7.1f} us  "
-          f"stmatrix {r['stmatrix_us']:7.1f} us  ({r['stmatrix_us'] / r['stm0_us'] - 1:+.1%}, same bits: {r['same_bits']})")
+show_pairs(stm, "stmatrix", "stm0", f"recorded: {recorded_file(stm[0]['file'])}")
 figures.ablation_figure(stm, ["stm0", "stmatrix"], "stmatrix epilogue on / off (one GEMM, recorded A/B)")
 
 # %%
 ps = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-6d111f6-persistent"), "persistent", 0, "persistent",
                             "one CTA per item") if r["run"] == 4]
-for r in ps:
-    print(f"run {r['run']}  {r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['persistent_schedule']:48s} "
-          f"one CTA per item {r['one CTA per item_us']:7.1f} us  persistent {r['persistent_us']:7.1f} us  "
-          f"({r['persistent_us'] / r['one CTA per item_us'] - 1:+.1%})")
+show_pairs(ps, "persistent", "one CTA per item", f"recorded: {recorded_file(ps[0]['file'])}")
 figures.ablation_figure(ps, ["one CTA per item", "persistent"], "persistent CTAs on / off (one GEMM, recorded A/B)")
 
 # %% [markdown]
@@ -123,8 +119,7 @@ NT_LABELS = ["profile", "n_tiles off"]
 nt, where = ablate.ablation("06_n_tiles", [("tp8-m64", "indexed", "down"), ("tp8-m256", "indexed", "down")],
                             {"profile": ablate.policy("profile"), "n_tiles off": ablate.knob_off("multi-tile CTAs")},
                             "n_tiles on/off on the profile's TP8 down schedules")
-print(where)
-print(ablate.table(nt, NT_LABELS))
+ablate.show_table(nt, NT_LABELS, where)
 
 # %% [markdown]
 # ## Stream-K: one wave splits the valid units

@@ -285,3 +285,70 @@ def test_pair_table_relative_times_and_bit_flags():
     line = ablate.pair_table(rows, ["profile", "pdl on"])
     assert "profile: 20.0 / 30.0 us" in line and "-10.0% graph" in line and "+0.0% eager" in line
     assert line.endswith("DIFFERENT BITS")
+
+
+# ---- text a reader can read: whole ids, HTML tables in a notebook, provenance of captures
+
+LONG_ID = "gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2"
+
+
+def test_tables_never_cut_a_value_and_do_not_wrap_in_html(capsys):
+    from chord.workbench import tables
+
+    header, body = tables.rows_table([{"scenario": "ep8-prefill-tok512", "family": "grouped_contiguous",
+                                       "schedule": LONG_ID, "us": 3216.71}])
+    text = tables.text(header, body, ["title"])
+    assert LONG_ID in text and "grouped_contiguous" in text and "3216.7" in text and text.startswith("title")
+    page = tables.html_table(header, body)
+    assert LONG_ID in page and "white-space:nowrap" in page and "overflow-x:auto" in page
+    assert not tables.in_notebook()  # a test is no Jupyter kernel: the text is printed
+    tables.show(header, body)
+    assert LONG_ID in capsys.readouterr().out
+
+
+def test_ablation_table_keeps_ids_and_labels_whole():
+    from chord.workbench import ablate
+
+    rows = [{"scenario": "ep8-prefill-tok512", "family": "grouped_contiguous", "gemm": "gate_up", "variant": v,
+             "schedule": LONG_ID + ("" if v == "profile" else "-x"), "us": us}
+            for v, us in (("profile", 100.0), ("tok_e rule off under heuristic", 125.0))]
+    text = ablate.table(rows, ["profile", "tok_e rule off under heuristic"])
+    assert LONG_ID in text and LONG_ID + "-x" in text and "grouped_contiguous" in text
+    assert "tok_e rule off under heuristic / profile" in text and "1.25" in text
+
+
+def test_humming_line_says_live_only_of_live_data():
+    from chord.bench import report
+
+    live = {"meta": {"humming": {"live": True}}}
+    recorded = {"meta": {"humming": {"live": True}, "file": "x.json"}}
+    committed = {"meta": {"humming": {"live": False}}}
+    assert "in this run" in report.humming_line(live)
+    assert "recorded run" in report.humming_line(recorded) and "live" not in report.humming_line(recorded)
+    assert "NOT run" in report.humming_line(committed)
+
+
+def test_a_recorded_capture_says_when_and_what_and_is_flagged_when_today_differs(monkeypatch):
+    from chord.workbench import captures
+
+    cap, where = captures.capture_or_recorded("ep8-prefill-tok128", "indexed")
+    assert cap["recorded"]["commit"] in where and cap["recorded"]["date"] in where
+    assert all(sid in where for sid in cap["schedules"].values())
+    today = captures.todays_schedules("ep8-prefill-tok128", "indexed")
+    stale = captures.stale_schedules(cap)
+    assert set(stale) == {g for g in today if today[g] != cap["schedules"][g]}
+    assert ("recorded under another decision" in where) == bool(stale)
+    same = dict(cap, schedules=dict(today))
+    assert captures.stale_schedules(same) == {}
+    monkeypatch.setattr(captures, "recorded_capture", lambda s, f: dict(same, file=cap["file"]))
+    _, where_today = captures.capture_or_recorded("ep8-prefill-tok128", "indexed")
+    assert "another decision" not in where_today
+
+
+def test_the_comparison_cell_does_not_repeat_the_suite_provenance_line(capsys):
+    from chord.workbench import compare, where_results_come_from, recorded_results
+
+    compare.show_comparison("tp8-m1", "indexed")
+    out = capsys.readouterr().out
+    assert where_results_come_from(recorded_results()) not in out
+    assert out.count("recorded:") == 1 and "tp8-m1 indexed row" in out and "idx-m8n64k64-w4-s8-c1-sk8" in out

@@ -83,7 +83,7 @@ def where_results_come_from(result: dict) -> str:
             " (the committed suite run, shown as recorded)"
         return (f"recorded: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')} "
                 f"({recorded_file(meta['file'])}){why}")
-    return f"live: {meta.get('gpu', '?')}, {meta.get('timestamp', '?')}"
+    return f"live: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')}"
 
 
 def recorded_tuning(name: str | None = None) -> list[dict]:
@@ -111,7 +111,8 @@ def knob_pairs(rows: list[dict], knob: str, off_value, on_label: str = "on", off
     """Rows of an A/B timing (:func:`recorded_timing`) paired by one knob: each schedule with
     `knob` on next to its twin with `knob` = `off_value` timed in the same run, one row per pair
     (scenario, family, gemm, run, ``<label>_us``, ``<label>_schedule``, ``same_bits``: both timed
-    against one first schedule and bit-identical to it), the form `figures.ablation_figure` draws."""
+    against one first schedule and bit-identical to it, and the ``file`` they were read from), the
+    form `figures.ablation_figure` draws."""
     from chord.schedule import Schedule, override
 
     by = {(r["run"], r["scenario"], r["family"], r["gemm"], r["schedule"]): r for r in rows}
@@ -134,7 +135,7 @@ def knob_pairs(rows: list[dict], knob: str, off_value, on_label: str = "on", off
         out.append({"scenario": sc, "family": fam, "gemm": gemm, "run": run,
                     f"{on_label}_us": r["us"], f"{on_label}_schedule": sid,
                     f"{off_label}_us": twin["us"], f"{off_label}_schedule": twin_id,
-                    "same_bits": bool(r.get("same_bits")) and bool(twin.get("same_bits"))})
+                    "same_bits": bool(r.get("same_bits")) and bool(twin.get("same_bits")), "file": r.get("file")})
     return out
 
 
