@@ -119,7 +119,7 @@ abl_w, _ = ablate.rule_ablation("02_wide_warp_tiles", "wide_warp_tiles", "wide t
 # 512 bytes of scales), so one thread can hand the whole stage to the copy engine
 # (`cp.async.bulk`, knob `bulk_w`, id token `bw1`) instead of every thread issuing 16-byte
 # cp.async copies. Same bits, and slower on every tile measured (recorded A/B, run 1 of the
-# session-9 file): the copy engine fed by one thread delivers the weights later than the CTA's
+# the 37dd90f runs (2026-12-01) file): the copy engine fed by one thread delivers the weights later than the CTA's
 # threads do. No profile rule uses it.
 
 # %%

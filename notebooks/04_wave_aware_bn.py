@@ -11,7 +11,7 @@
 #
 # The N width of a tile trades the number of CTAs against work per CTA: BN = 256 halves the
 # tiles, which pays when they still fill whole waves of the 132 SMs and costs a half-empty last
-# wave otherwise. The *wave-aware BN* rule of DESIGN.md (BN = 256 only when its tiles fill whole
+# wave otherwise. The *wave-aware BN* rule (BN = 256 only when its tiles fill whole
 # waves, at least one and the last >= 90 % full) is a rule of the heuristic selection policy
 # (`select(..., policy="heuristic")`; off: `"heuristic,-wave_aware_bn"`); the tuned profile keeps
 # whichever width `chord tune` measured faster. This notebook shows the prediction (waves,

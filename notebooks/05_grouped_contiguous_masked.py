@@ -91,8 +91,8 @@ abl_r, _ = ablate.rule_ablation("05_wgmma_raster", "wgmma_raster", "raster rule 
 # Grouped decode on the mma loop streams weights, so the ring depth sets how many bytes each CTA
 # keeps in flight against HBM latency. The heuristic's `buffered_k` rule asks for about 512 K
 # elements in flight per CTA (8 stages of 64) at the most CTAs per SM whose ring fits; off
-# (`heuristic,-buffered_k`): the knob default ring of 4 stages (256 K elements). DESIGN.md's
-# 768 for large masked blocks (12 stages at 32 rows per expert) measured 11-12 % slower than 8
+# (`heuristic,-buffered_k`): the knob default ring of 4 stages (256 K elements). A deeper ring,
+# 768 K elements for large masked blocks (12 stages at 32 rows per expert) measured 11-12 % slower than 8
 # stages on the H200 (docs/optimizations.md), so the rule does not use it. The 8 stages are what
 # the heuristic chose before the rule existed; against 4 stages they measure within 3 % either
 # way. Next to it the tuned profile.
@@ -115,7 +115,7 @@ for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic"
 # (`tma_x`, id token `tx1`) instead of every thread's 16-byte cp.async gather, and launch CTAs
 # in clusters of two that take neighbouring N blocks of one token tile (`cluster_n`, `cn2`),
 # so the pair reads its token rows from L2 together. Both give the same bits. Recorded A/B on
-# the H200 (run 6 of the session-9 file: the committed kernels, one machine instance); the
+# the H200 (run 6 of the the 37dd90f runs (2026-12-01) file: the committed kernels, one machine instance); the
 # profile uses `r2-tx1-cn2` on the 256-row tiles of tok256 / tok512 contiguous and `cn2` on masked
 # decode at 32 rows per expert. Multicasting the box between the pair measured slower (runs 2-5,
 # docs/optimizations.md).

@@ -76,7 +76,7 @@ for r in nt_rows:
 figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n_tiles")
 
 # %% [markdown]
-# ## Measured: the stmatrix epilogue and persistent CTAs (recorded A/B runs, session 8)
+# ## Measured: the stmatrix epilogue and persistent CTAs (recorded A/B runs, the 6d111f6 runs (2026-12-01))
 # At short K a tile's epilogue is a large part of its life. `stmatrix` (default on) moves each
 # warp's accumulators to the staged bf16 tile with `stmatrix.trans`, one instruction per two
 # 8-token groups of a 16-feature tile; `stm0` stores one 16-bit value at a time. `persistent`
@@ -170,7 +170,7 @@ for gemm in ("gate_up", "down"):
 # %% [markdown]
 # ## Programmatic dependent launch: the gate_up + down pair with and without `pdl`
 # At one token the two TP8 GEMMs move ~25 MB (6 µs at HBM speed) but the pair took 22.6 µs in
-# session 9: most of it is launching and starting CTAs. With `pdl=1` each kernel waits for the
+# the 37dd90f runs (2026-12-01): most of it is launching and starting CTAs. With `pdl=1` each kernel waits for the
 # previous grid (`griddepcontrol.wait`) before its first global access and lets the next one
 # launch early, so the down GEMM's CTAs are resident when gate_up ends. The effect is between
 # the calls, so it is timed on the pair, as `chord bench` does (CUDA-graph replay and eager):

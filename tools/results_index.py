@@ -51,7 +51,7 @@ def _meta(path: Path) -> dict:
 
 def _kind(rest: str) -> tuple[str, str]:
     for key, kind, what in KINDS:
-        if key in rest:
+        if (rest.startswith(key) if kind == "capture" else key in rest):  # "-after-capture-fix" is a suite run
             return kind, what
     return "suite run", "`chord bench` of the whole suite"
 

@@ -191,7 +191,7 @@ def write_html(result: dict, path: str | Path) -> tuple[Path, bool]:
              f"<p>commit {html.escape(str(meta.get('commit')))}, {html.escape(str(meta.get('timestamp')))}; "
              f"ceilings {html.escape(json.dumps(meta.get('ceilings')))}</p>"]
     if not live:
-        parts.append("<p class='note'>Humming was not run in this session: its numbers come from the committed "
+        parts.append("<p class='note'>Humming was not run in these runs: its numbers come from the committed "
                      "baseline file (measured 2026-11-29), not from this run.</p>")
     used_plotly = False
     try:
