@@ -44,7 +44,9 @@ WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 featu
 # the token tiles' activations overflow L2 a raster can pay (tp8-m1024: 8192 routed rows, 117 MB of
 # activations; gate_up 324 -> 311 us with raster 4 in one H200 run,
 # results/2026-12-01-h200-timing-ccd1a08-sustained-clock.json), but another machine's tune ranked
-# raster 4 behind no raster (362 vs 345 us, results/2026-12-01-h200-tuning-ccd1a08-tok32-tp8m1024-warm100.json): within the run-to-run spread, so the tune decides.
+# raster 4 behind no raster (362 vs 345 us,
+# results/2026-12-01-h200-tuning-ccd1a08-tok32-tp8m1024-warm100.json): within the run-to-run
+# spread, so the tune decides.
 RASTERS = (0, 4, 8)
 # (producer, CTAs per SM) of the wgmma candidates. The warp-specialized producer (producer=1) is
 # not a candidate: it timed 1.5-2.0x slower than the multistage loop at every prefill point of the
