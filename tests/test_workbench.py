@@ -352,3 +352,16 @@ def test_the_comparison_cell_does_not_repeat_the_suite_provenance_line(capsys):
     out = capsys.readouterr().out
     assert where_results_come_from(recorded_results()) not in out
     assert out.count("recorded:") == 1 and "tp8-m1 indexed row" in out and "idx-m8n64k64-w4-s8-c1-sk8" in out
+
+
+def test_a_recorded_bench_table_says_whether_its_schedules_are_todays(capsys):
+    from chord.workbench import recorded_results, tables
+
+    rec = recorded_results()
+    assert tables.decisions_since(dict(rec, meta={k: v for k, v in rec["meta"].items() if k != "file"})) == []
+    first = next(r for r in rec["rows"] if r["provider"] == "chord" and r["metric"] == "time_us")
+    changed = [dict(r, schedule_gate_up="idx-m8n64k64-w4-s8-c1") if r is first else r for r in rec["rows"]]
+    diffs = tables.decisions_since(dict(rec, rows=changed))
+    assert any(d.startswith(f"{first['scenario']} {first['family']}: gate_up idx-m8n64k64-w4-s8-c1 -> ") for d in diffs)
+    tables.show_bench(dict(rec, rows=changed))
+    assert "recorded under other decisions than today's" in capsys.readouterr().out

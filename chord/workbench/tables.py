@@ -100,12 +100,38 @@ def bench_title(result: dict, where: str | None = None) -> list[str]:
             report.humming_line(result), report.NOTE]
 
 
+def decisions_since(result: dict) -> list[str]:
+    """For a recorded result (``meta["file"]``): the rows whose Chord schedules are not what the
+    selection policy in use picks today, as ``"<scenario> <family>: <gemm> <recorded> -> <today>"``
+    (empty for a live result, or when every row is today's decision)."""
+    from chord.bench import report
+    from chord.workbench.captures import todays_schedules
+
+    if not result.get("meta", {}).get("file"):
+        return []
+    out = []
+    for c in report.pivot(result):
+        if not c.get("chord_schedule"):
+            continue
+        today = todays_schedules(c["scenario"], c["family"])
+        for gemm, was in (("gate_up", c.get("chord_schedule")), ("down", c.get("chord_schedule_down"))):
+            if was and was != today[gemm]:
+                out.append(f"{c['scenario']} {c['family']}: {gemm} {was} -> {today[gemm]}")
+    return out
+
+
 def show_bench(result: dict, where: str | None = None) -> None:
-    """A `chord bench` result as one table (chord.bench.report's columns) under its title lines."""
+    """A `chord bench` result as one table (chord.bench.report's columns) under its title lines;
+    a recorded result also says whether its schedules are today's decisions (:func:`decisions_since`)."""
     from chord.bench import report
 
     header, body, _ = report._table_cells(result)
-    show(header, body, bench_title(result, where))
+    title = bench_title(result, where)
+    if result.get("meta", {}).get("file"):
+        changed = decisions_since(result)
+        title.append("recorded under other decisions than today's for: " + "; ".join(changed) if changed else
+                     "every recorded row ran the schedules today's policy picks")
+    show(header, body, title)
 
 
 def show_pairs(pairs: list[dict], on: str, off: str, title: str | None = None) -> None:
