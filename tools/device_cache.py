@@ -97,7 +97,12 @@ def collect(tests: bool = True, tune_scenarios: str | None = None, profile: str 
                 _, _, prob = sc.gemm_problem(fam, gemm)
                 for pol in policies:
                     add(select(f"{profile}:{sc.profile_deployment}", prob, pol))
-    for f in sorted((ROOT / "notebooks" / "data").glob("*.csv")):
+    from chord.workbench.data import DATA_DIR
+
+    tables = sorted(DATA_DIR.glob("*.csv"))
+    if not tables:
+        raise FileNotFoundError(f"no notebook tables in {DATA_DIR}")
+    for f in tables:
         rows = (line for line in f.read_text().splitlines() if not line.startswith("#"))
         for row in csv.DictReader(rows):
             if row.get("schedule"):
