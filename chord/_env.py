@@ -16,6 +16,9 @@ from __future__ import annotations
 import os
 
 _ON = ("1", "true", "yes", "on")
+#: the boolean switches Chord reads (``chord.cli`` checks them all before a command runs)
+SWITCHES = ("CHORD_PTXAS_CHECK", "CHORD_DUMP_SASS", "CHORD_PRINT_SCHEDULES", "CHORD_NVTX", "CHORD_CHECK_ROUTING",
+            "CHORD_HUMMING_CPU_REFERENCE", "CHORD_FAST_LAUNCH")
 _OFF = ("", "0", "false", "no", "off")
 
 

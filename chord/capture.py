@@ -323,7 +323,7 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
     scenario_for(suite, scenario, family, who="capture")  # a bad id or family says so, GPU or not
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise CaptureError("capture: needs an sm_90 (Hopper) GPU; the recorded H200 captures are in "
-                           "chord/bench/results (chord.workbench.recorded_capture)")
+                           "chord/data/results (chord.workbench.recorded_capture)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tool == "torch":

@@ -1,5 +1,9 @@
 """The ``chord`` command line: ``chord bench``, ``chord tune``, ``chord info``, ``chord precompile``,
-``chord profile``.
+``chord profile``, ``chord limits``, ``chord doctor`` (chord.doctor).
+
+Every flag and every CHORD_* environment value a command reads is checked (``chord._args``)
+before the command does anything, the same way on a machine with or without a GPU: a bad one
+exits 2 with a message naming it and the valid choices.
 
 ``chord bench`` runs a suite (see ``chord.bench.runner``); without a CUDA GPU it says so on its
 first line and runs the float32 reference path on scaled-down scenarios instead (exit 0 when
@@ -17,19 +21,49 @@ import platform
 import sys
 from typing import Sequence
 
+from chord import _args
 
-def _add_bench(sub) -> None:
-    from chord.schedule import POLICY_RULES
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except where its help already says it or there is none to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
+def _add_parser(sub, name: str, summary: str, description: str = ""):
+    """A subcommand with its one-line summary (listed by ``chord --help``) and its description."""
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {description}".strip(),
+                          formatter_class=_Formatter)
+
+
+def _add_selection(p, what: str = "") -> None:
+    """--suite, --scenarios, --families (checked by _check_common)."""
     from chord.bench.suite import DEFAULT_SUITE, FAMILIES
 
-    p = sub.add_parser("bench", help="time Chord's MoE GEMMs on a suite against the floors and against Humming",
-                       description="Run a benchmark suite: check, time (do_bench median of gate_up + down), "
-                                   "compare with floors and with upstream Humming.")
-    p.add_argument("--suite", default=None, help=f"suite JSON (default: {DEFAULT_SUITE.name})")
-    p.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
-    p.add_argument("--families", default=None, help=f"comma-separated families of {', '.join(FAMILIES)}")
-    p.add_argument("--humming-dir", default=os.environ.get("CHORD_HUMMING_DIR"),
+    p.add_argument("--suite", default=None,
+                   help=f"{what}packaged suite name or suite JSON path (default: {DEFAULT_SUITE.stem})")
+    p.add_argument("--scenarios", default=None, help=f"{what}comma-separated scenario ids of the suite (default: all)")
+    p.add_argument("--families", default=None,
+                   help=f"{what}comma-separated families of {', '.join(FAMILIES)} (default: each scenario's)")
+
+
+def _add_profile(p, what: str = "profile file") -> None:
+    p.add_argument("--profile", default=None,
+                   help=f"{what}: a name in profiles/ (or $CHORD_PROFILE_DIR) or a .json path "
+                        "(default: $CHORD_PROFILE, else h200)")
+
+
+def _add_bench(sub) -> None:
+    p = _add_parser(sub, "bench", "time Chord's MoE GEMMs on a suite against the floors and against Humming",
+                    "Checks each call against the float32 reference, times gate_up + down (do_bench median), "
+                    "compares with the floors and with upstream Humming 0.1.20. Without a CUDA GPU it says so and "
+                    "runs the float32 reference path on scaled-down scenarios instead.")
+    _add_selection(p)
+    p.add_argument("--humming-dir", default=None,
                    help="install dir of upstream humming-kernels 0.1.20 (pip install --no-deps --target DIR "
                         "humming-kernels==0.1.20); runs the Humming baseline in a subprocess. Without it, the "
                         "committed baseline numbers are shown, labelled as such. Default $CHORD_HUMMING_DIR")
@@ -39,34 +73,36 @@ def _add_bench(sub) -> None:
                         "scenarios")
     p.add_argument("--seed", type=int, default=0, help="base seed of routing and data (0 = the suite's rule)")
     p.add_argument("--check-rows", type=int, default=512, help="routed rows checked against chord.reference")
-    p.add_argument("--profile", default=None, help="Chord profile file (profiles/<name>.json; default $CHORD_PROFILE or h200)")
+    _add_profile(p)
     p.add_argument("--codes", choices=("full", "sym7"), default="full",
                    help="INT4 code range of the random weights: full [-8,7] or sym7 [-7,7]")
     p.add_argument("--humming-tuning-rows", choices=("all", "matching"), default="all",
-                   help="give Humming vLLM's whole tuning table (default) or only the row it selects "
-                        "(same kernel, far less JIT time)")
+                   help="give Humming vLLM's whole tuning table (all) or only the row it selects "
+                        "(matching: same kernel, far less JIT time)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="time eager calls instead of CUDA-graph replays (host/launch time then counts too)")
     p.add_argument("--policy", default=None,
-                   help="selection policy: 'profile' (the tuned rules) or 'heuristic[,-rule...]' (no profile row; "
-                        f"rules: {', '.join(POLICY_RULES)}). Default $CHORD_POLICY or profile")
-    p.set_defaults(func=_cmd_bench)
+                   help="selection policy: 'profile' (the tuned rules), 'heuristic[,-rule...]' (no profile row) or "
+                        "'batch_invariant'. Default $CHORD_POLICY, else profile")
+    p.set_defaults(func=_cmd_bench, check=_check_bench)
+
+
+def _check_bench(args: argparse.Namespace) -> None:
+    _args.check_positive_int("--check-rows", args.check_rows)
+    if args.policy is not None:
+        args.policy = _args.check_policy("--policy", args.policy)
+    if args.humming_dir is None and os.environ.get("CHORD_HUMMING_DIR"):
+        args.humming_dir = str(_args.check_humming_dir("environment variable CHORD_HUMMING_DIR",
+                                                       os.environ["CHORD_HUMMING_DIR"]))
+    elif args.humming_dir is not None:
+        args.humming_dir = str(_args.check_humming_dir("--humming-dir", args.humming_dir))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from chord.bench import runner
 
-    if args.check_rows < 1:
-        print("chord bench: --check-rows must be >= 1", file=sys.stderr)
-        return 2
     if args.policy is not None:
-        from chord.schedule import parse_policy
-
-        try:
-            os.environ["CHORD_POLICY"] = parse_policy(args.policy).name  # every select() of the run sees it
-        except ValueError as exc:
-            print(f"chord bench: --policy: {exc}", file=sys.stderr)
-            return 2
+        os.environ["CHORD_POLICY"] = args.policy  # every select() of the run sees it (checked by _check_bench)
     opts = runner.BenchOptions(suite=args.suite, scenarios=args.scenarios, families=args.families,
                                humming_dir=args.humming_dir, out_dir=args.out, quick=args.quick, seed=args.seed,
                                check_rows=args.check_rows, profile_file=args.profile, codes=args.codes,
@@ -143,7 +179,19 @@ def _cmd_info(args: argparse.Namespace) -> int:
     line("baselines", ", ".join(sorted(p.name for p in BASELINES_DIR.glob("*.json"))))
     for k in sorted(k for k in os.environ if k.startswith("CHORD_")):
         line(k, os.environ[k])
+    try:
+        _args.check_environment()
+    except _args.UsageError as exc:
+        line("environment", f"INVALID: {exc}")
+        return 2
+    line("environment", "ok (every CHORD_* value is valid)")
     return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from chord import doctor
+
+    return doctor.main()
 
 
 def _cmd_precompile(args: argparse.Namespace) -> int:
@@ -209,11 +257,7 @@ def tune_selection(args: argparse.Namespace):
     return suite, suite.select(args.scenarios, args.families)
 
 
-def _cmd_tune(args: argparse.Namespace) -> int:
-    import time
-
-    import torch
-
+def _check_tune(args: argparse.Namespace) -> None:
     from chord import tune
 
     if args.warmup_ms is None:
@@ -221,20 +265,28 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     try:
         tune._check_timing_args("chord tune", args.rep_ms, args.warmup_ms)
     except ValueError as exc:
-        print(f"{exc} (--rep-ms / --warmup-ms)", file=sys.stderr)
-        return 2
-    try:  # the arguments, before any GPU work (an error inside the tuning keeps its traceback)
-        suite, selected = tune_selection(args)
-        if args.budget_minutes is not None and not args.budget_minutes > 0:
-            raise ValueError(f"--budget-minutes must be positive, got {args.budget_minutes}")
-        if args.max_candidates is not None and args.max_candidates < 1:
-            raise ValueError(f"--max-candidates must be >= 1, got {args.max_candidates}")
-    except (ValueError, OSError) as exc:
-        print(f"chord tune: {exc}", file=sys.stderr)
-        return 2
+        raise _args.UsageError(f"{exc} (--rep-ms / --warmup-ms)") from None
+    try:  # the shape or the suite selection, before any GPU work
+        args.tune_suite, args.tune_selected = tune_selection(args)
+    except ValueError as exc:
+        raise _args.UsageError(str(exc)) from None
+    if args.budget_minutes is not None and not args.budget_minutes > 0:
+        raise _args.UsageError(f"--budget-minutes must be positive, got {args.budget_minutes}")
+    _args.check_positive_int("--max-candidates", args.max_candidates)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import shlex
+    import time
+
+    import torch
+
+    from chord import tune
+
     if not torch.cuda.is_available():
         print("chord tune: no CUDA GPU here; tuning measures kernels on an sm_90 GPU, nothing to do.")
         return 2
+    suite, selected = args.tune_suite, args.tune_selected
     cache = None if args.no_timing_cache else tune.TimingCache()
     t0 = time.monotonic()
     points = tune.tune_suite(profile_file=args.profile, rep_ms=args.rep_ms, warmup_ms=args.warmup_ms,
@@ -242,8 +294,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                              families=args.families, max_candidates=args.max_candidates,
                              budget_minutes=args.budget_minutes, timing_cache=cache, progress=not args.quiet)
     took = time.monotonic() - t0
-    import shlex
-
     command = "chord " + " ".join(shlex.quote(a) for a in args.argv)
     meta = tune.entry_meta(selected)
     ppath, rpath = tune.write_tuning(points, Path(args.out), profile_file=args.profile, meta=meta,
@@ -268,10 +318,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         return 0
     print(f"chord profile: {cap.scenario} {cap.family}, {cap.iters} x (gate_up + down"
           f"{', one CUDA-graph replay each' if cap.cuda_graph else ''}), tool {cap.tool}")
+    names = [r["range"] for r in cap.ranges] + [f"kernel {r['kernel']}" for r in cap.kernels[:8]]
+    width = max((len(n) for n in names), default=0)  # names whole, never cut
     for r in cap.ranges:
-        print(f"  {r['range']:58s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us GPU per call")
+        print(f"  {r['range']:{width}s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us GPU per call")
     for r in cap.kernels[:8]:
-        print(f"  kernel {r['kernel'][:51]:51s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us per call")
+        print(f"  {'kernel ' + r['kernel']:{width}s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us per call")
     for name, path in cap.files.items():
         print(f"  wrote {name}: {path}")
     return 0
@@ -305,27 +357,67 @@ def _add_shape_args(p) -> None:
                    help="name of the deployment the tuned entries form (e.g. EP16): <name>-decode / <name>-prefill")
 
 
+def _check_profile_cmd(args: argparse.Namespace) -> None:
+    suite = _args.check_suite("--suite", args.suite)
+    _args.check_choice("--scenario", args.scenario, suite.ids)
+    _args.check_choice(f"--family (scenario {args.scenario} runs)", args.family, suite.scenario(args.scenario).families)
+    _args.check_positive_int("--iters", args.iters)
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    """The environment, then the flags most commands share: --profile (else $CHORD_PROFILE),
+    --suite / --scenarios / --families and --out; then the command's own check."""
+    _args.check_environment()
+    if hasattr(args, "profile"):
+        if args.profile is None:
+            from chord.schedule import gpu_profile_name
+
+            args.profile = gpu_profile_name()  # checked with the environment
+        else:
+            _args.check_profile("--profile", args.profile)
+    if hasattr(args, "scenarios"):
+        _args.check_selection(_args.check_suite("--suite", args.suite), args.scenarios, args.families)
+    if hasattr(args, "out"):
+        _args.check_out_dir("--out", args.out)
+    check = getattr(args, "check", None)
+    if check is not None:
+        check(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,precompile,profile,limits}")
+    import chord
+    from chord.bench.suite import FAMILIES
+    from chord.capture import TOOLS
+
+    parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper",
+                                     formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"chord {chord.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,doctor,precompile,profile,limits}")
     sub.required = True
     _add_bench(sub)
-    pi = sub.add_parser("info", help="versions, GPU, compiler, kernel cache, profiles")
+    pi = _add_parser(sub, "info", "print versions, the GPU, the compiler, the kernel cache and the profiles",
+                     "Reports; runs nothing. Exits 2 when a CHORD_* environment value is invalid.")
     pi.set_defaults(func=_cmd_info)
-    pp = sub.add_parser("precompile", help="build every kernel a profile can select (into the kernel cache)")
-    pp.add_argument("--profile", default=None, help="profile file name (profiles/<name>.json; default $CHORD_PROFILE or h200)")
+    pd = _add_parser(sub, "doctor", "check that this installation can serve: GPU, nvcc, kernel cache, profile, a "
+                                    "forward through the humming root",
+                     "One PASS / FAIL / SKIP line per check; exits 1 when a check fails. Without a GPU the forward "
+                     "runs on the float32 reference path and the kernel checks say SKIP.")
+    pd.set_defaults(func=_cmd_doctor)
+    pp = _add_parser(sub, "precompile", "build every kernel a profile can select into the kernel cache",
+                     "Needs nvcc, not a GPU: build here, carry the cache ($CHORD_CACHE_DIR) to the GPU machine.")
+    _add_profile(pp)
     pp.add_argument("--quiet", action="store_true", help="no progress bar")
     pp.add_argument("--tune", action="store_true", help="also build every candidate `chord tune` would time")
-    pp.add_argument("--suite", default=None, help="with --tune: suite JSON (default: kimi_k2_h200.json)")
-    pp.add_argument("--scenarios", default=None, help="with --tune: comma-separated scenario ids (default: all)")
-    pp.add_argument("--families", default=None, help="with --tune: comma-separated families (default: the suite's)")
+    _add_selection(pp, "with --tune: ")
     _add_shape_args(pp)
     pp.add_argument("--max-candidates", type=int, default=24, help="with --tune: as chord tune's")
     pp.set_defaults(func=_cmd_precompile)
-    pt = sub.add_parser("tune", help="time candidate schedules on a suite or any layer shape and write a tuned profile")
-    pt.add_argument("--suite", default=None, help="suite JSON or packaged suite name (default: kimi_k2_h200)")
-    pt.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
-    pt.add_argument("--families", default=None, help="comma-separated families (default: the suite's)")
+    pt = _add_parser(sub, "tune", "time candidate schedules on a suite or any layer shape and write a tuned profile",
+                     "For each GEMM the current decision is checked against the float32 reference, then the seeds "
+                     "and the cost model's first candidates are checked against it and timed (CUDA-graph do_bench "
+                     "median); the fastest per GEMM becomes a rule of a named deployment (docs/serving.md). Needs "
+                     "an sm_90 GPU.")
+    _add_selection(pt)
     _add_shape_args(pt)
     pt.add_argument("--max-candidates", type=int, default=24,
                     help="per GEMM, time the seeds and this many candidates in the cost model's order (chord.cost)")
@@ -334,20 +426,18 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--no-timing-cache", action="store_true",
                     help="time every candidate again (default: reuse <kernel cache>/tune-timings.json)")
     pt.add_argument("--quiet", action="store_true", help="no progress bar while the candidates compile")
-    pt.add_argument("--profile", default=None,
-                    help="profile file to start from (profiles/<name>.json; default $CHORD_PROFILE or h200)")
+    _add_profile(pt, "profile to start from")
     pt.add_argument("--rep-ms", type=float, default=25.0, help="do_bench rep per candidate (ms)")
     pt.add_argument("--warmup-ms", type=float, default=None,
                     help="do_bench warm-up per candidate (ms, default chord.tune.WARMUP_MS = 100): long enough "
                          "for a compute-bound GEMM to reach the clock it sustains")
     pt.add_argument("--out", default="tune-out", help="output dir for <profile>.json and tuning.json")
-    pt.set_defaults(func=_cmd_tune)
-    from chord.bench.suite import FAMILIES
-    from chord.capture import TOOLS
-
-    pr = sub.add_parser("profile", help="capture an NVTX-annotated profile of one scenario's gate_up + down calls")
+    pt.set_defaults(func=_cmd_tune, check=_check_tune)
+    pr = _add_parser(sub, "profile", "capture an NVTX-annotated profile of one scenario's gate_up + down calls",
+                     "torch.profiler, Nsight Systems or Nsight Compute over the bench's inputs, routing and "
+                     "schedules. Needs an sm_90 GPU.")
     pr.add_argument("--scenario", required=True, help="suite scenario id, e.g. ep8-prefill-tok128")
-    pr.add_argument("--family", default="indexed", choices=FAMILIES)
+    pr.add_argument("--family", default="indexed", choices=FAMILIES, help="kernel family")
     pr.add_argument("--tool", default="torch", choices=TOOLS,
                     help="torch: torch.profiler trace + summary; nsys / ncu: Nsight in a subprocess; none: just run")
     pr.add_argument("--iters", type=int, default=3, help="gate_up + down pairs captured after one warm-up pair")
@@ -355,15 +445,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="capture the pair into one CUDA graph and profile its replays (as chord bench times it and "
                          "vLLM decodes): kernels and the gaps between them without host launches")
     pr.add_argument("--out", default="prof-out", help="output folder (trace.json / report.* and summary.json)")
-    pr.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
-    pr.add_argument("--profile", default=None, help="profile file (default $CHORD_PROFILE or h200)")
+    pr.add_argument("--suite", default=None, help="packaged suite name or suite JSON path (default: kimi_k2_h200)")
+    _add_profile(pr)
     pr.add_argument("--ncu-set", default="basic", help="with --tool ncu: the section set (basic, full, ...)")
-    pr.set_defaults(func=_cmd_profile)
-    pl = sub.add_parser("limits", help="Nsight Compute counters per GEMM of the suite: what limits each kernel")
-    pl.add_argument("--suite", default=None, help="suite JSON (default: kimi_k2_h200.json)")
-    pl.add_argument("--scenarios", default=None, help="comma-separated scenario ids (default: all)")
-    pl.add_argument("--families", default=None, help="comma-separated families (default: the suite's)")
-    pl.add_argument("--profile", default=None, help="profile file (default $CHORD_PROFILE or h200)")
+    pr.set_defaults(func=_cmd_profile, check=_check_profile_cmd)
+    pl = _add_parser(sub, "limits", "read Nsight Compute counters per GEMM of the suite: what limits each kernel",
+                     "Duration, clock, DRAM and L2 bytes, issue and tensor-pipe use, occupancy, stalls and a "
+                     "one-word limiter per kernel. Needs an sm_90 GPU and Nsight Compute.")
+    _add_selection(pl)
+    _add_profile(pl)
     pl.add_argument("--out", default="limits-out", help="output folder (limits.json, limits.md, raw.csv, report)")
     pl.set_defaults(func=_cmd_limits)
     return parser
@@ -372,15 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
-    if getattr(args, "profile", "") is None:
-        from chord.schedule import gpu_profile_name
-
-        args.profile = gpu_profile_name()
     from chord.jit import JitError
 
     try:
+        if args.command not in ("info", "doctor"):  # these two report bad values instead of refusing them
+            _check_common(args)
         return int(args.func(args) or 0)
-    except (ValueError, JitError) as exc:  # bad profile, cache folder, nvcc, arguments: a message, no traceback
+    except (ValueError, JitError) as exc:  # bad flags, environment, profile, cache folder, nvcc: a message, exit 2
         print(f"chord {args.command}: {exc}", file=sys.stderr)
         return 2
 

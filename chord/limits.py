@@ -275,7 +275,7 @@ def run(out_dir: str | Path = "limits-out", *, suite=None, scenarios=None, famil
 
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise LimitsError("limits: needs an sm_90 (Hopper) GPU and Nsight Compute; the recorded H200 run is in "
-                          "chord/bench/results (*-limits-*.json)")
+                          "the source repository's results/ folder (results/*-limits.md)")
     ncu = _tool_binary("ncu")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Every optimization of DESIGN.md as data: what it does and how to switch it off.
+"""Every optimization of Chord's kernels and selection as data (docs/optimizations.md): what it
+does and how to switch it off.
 
 An entry is either a **knob** of :data:`chord.schedule.KNOBS` (switching it off is the same
 schedule with that knob at its ``off`` value: one kernel template, never a second kernel) or a

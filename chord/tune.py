@@ -44,9 +44,11 @@ SPLIT_TOL = 1e-3  # split-K / another main loop sum in another order: compared b
 WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 features x >= 8 tokens) is not tried
 # wgmma rasters tried at every rows-per-expert (was: raster 8 from 64 rows per expert only). Where
 # the token tiles' activations overflow L2 a raster can pay (tp8-m1024: 8192 routed rows, 117 MB of
-# activations; gate_up 324 -> 311 us with raster 4 in one H200 run, 2026-12-01-h200-timing-s6-sustained-
-# clock.json), but another machine's tune ranked raster 4 behind no raster (362 vs 345 us, -tuning-
-# session6-tok32-tp8m1024-warm100.json): within the run-to-run spread, so the tune decides.
+# activations; gate_up 324 -> 311 us with raster 4 in one H200 run,
+# results/2026-12-01-h200-timing-ccd1a08-sustained-clock.json), but another machine's tune ranked
+# raster 4 behind no raster (362 vs 345 us,
+# results/2026-12-01-h200-tuning-ccd1a08-tok32-tp8m1024-warm100.json): within the run-to-run
+# spread, so the tune decides.
 RASTERS = (0, 4, 8)
 # (producer, CTAs per SM) of the wgmma candidates. The warp-specialized producer (producer=1) is
 # not a candidate: it timed 1.5-2.0x slower than the multistage loop at every prefill point of the
@@ -61,7 +63,7 @@ WGMMA_TILES = ((128, 8, 4), (256, 16, 4), (256, 8, 1), (256, 8, 2), (256, 4, 1),
 SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that walk several N blocks
 # CTA pairs (cluster_n 2) and the TMA activation box (tma_x, grouped families) are tried on the
 # raster-8 wgmma candidates, and the TMA box from this token tile up: measured on the H200
-# (2026-12-01, chord/bench/results/2026-12-01-h200-timing-s9-bulk-tma-pairs.json) 2-4 % faster on
+# (2026-12-01, chord/data/results/2026-12-01-h200-timing-37dd90f-bulk-tma-pairs.json) 2-4 % faster on
 # 256-row tiles and with pairs on 32-row wide tiles, neutral to slower on 32-128-row tiles with TMA.
 PAIR_RASTER = 8
 TMA_X_MIN_BLOCK_M = 192
@@ -105,7 +107,7 @@ def candidates(family: str, n: int, rows_per_expert: float,
     with n_tiles in N_TILES (one CTA walks that many N blocks through one ring), where it fits.
     (Split-K is tried below 1 row per expert only: at 1-16 rows per expert and K >= 2048, split 2
     and 4 were 3-22 % slower than the best one-split tile at every EP8-decode and TP8 point, H200
-    2026-12-01, chord/bench/results/2026-12-01-h200-tuning-ep8decode-tp8-ntiles.json.)"""
+    2026-12-01, chord/data/results/2026-12-01-h200-tuning-ep8decode-tp8-ntiles.json.)"""
     out = _one_tile_candidates(family, n, rows_per_expert, mainloops)
     out += [v for s in out for v in _pair_and_tma_variants(family, n, rows_per_expert, s)]
     # folded group scales on the 8-token mma tiles, where they save most instructions per weight

@@ -1,11 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -33,7 +29,7 @@ GEMM = "gate_up"
 from chord import optimizations
 from chord.schedule import profile_for, select
 from chord.bench.suite import load_suite
-from chord.workbench import best_by, recorded_tuning
+from chord.workbench import best_by, recorded_file, recorded_tuning
 from chord.workbench import figures
 
 sc = load_suite().scenario(SCENARIO)
@@ -56,7 +52,7 @@ rows = best_by([p for p in points if p["rows_per_expert"] >= 12], {
     "wgmma": lambda s: s.mainloop == "wgmma" and s.raster == 0,
     "wgmma+raster": lambda s: s.mainloop == "wgmma" and s.raster > 0,
 })
-print(f"recorded: chord/bench/results/{points[0]['file']}")
+print(f"recorded: {recorded_file(points[0]['file'])}")
 print(f"{'scenario':20s} {'family':20s} {'gemm':8s} {'mma us':>8s} {'wgmma us':>9s} {'ratio':>6s}")
 for r in rows:
     w = min(v for v in (r["wgmma_us"], r["wgmma+raster_us"]) if v is not None) if r["wgmma_us"] else None
@@ -123,17 +119,16 @@ abl_w, _ = ablate.rule_ablation("02_wide_warp_tiles", "wide_warp_tiles", "wide t
 # 512 bytes of scales), so one thread can hand the whole stage to the copy engine
 # (`cp.async.bulk`, knob `bulk_w`, id token `bw1`) instead of every thread issuing 16-byte
 # cp.async copies. Same bits, and slower on every tile measured (recorded A/B, run 1 of the
-# session-9 file): the copy engine fed by one thread delivers the weights later than the CTA's
+# the 37dd90f runs (2026-12-01) file): the copy engine fed by one thread delivers the weights later than the CTA's
 # threads do. No profile rule uses it.
 
 # %%
-from chord.workbench import figures, knob_pairs, recorded_timing
+from chord.workbench import figures, knob_pairs, recorded_file, recorded_timing
+from chord.workbench.tables import show_pairs
 
-bw = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-s9-bulk-tma-pairs"), "bulk_w", 0, "bw1", "off")
+bw = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs"), "bulk_w", 0, "bw1", "off")
       if r["run"] == 1]
-for r in bw:
-    print(f"{r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['bw1_schedule']:48s} off {r['off_us']:7.1f} us  "
-          f"bw1 {r['bw1_us']:7.1f} us  ({r['bw1_us'] / r['off_us'] - 1:+.1%})")
+show_pairs(bw, "bw1", "off", f"recorded: {recorded_file(bw[0]['file'])}")
 figures.ablation_figure(bw, ["off", "bw1"], "bulk weight copies on / off (one GEMM, recorded A/B)")
 
 # %% [markdown]

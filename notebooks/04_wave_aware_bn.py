@@ -1,11 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -15,7 +11,7 @@
 #
 # The N width of a tile trades the number of CTAs against work per CTA: BN = 256 halves the
 # tiles, which pays when they still fill whole waves of the 132 SMs and costs a half-empty last
-# wave otherwise. The *wave-aware BN* rule of DESIGN.md (BN = 256 only when its tiles fill whole
+# wave otherwise. The *wave-aware BN* rule (BN = 256 only when its tiles fill whole
 # waves, at least one and the last >= 90 % full) is a rule of the heuristic selection policy
 # (`select(..., policy="heuristic")`; off: `"heuristic,-wave_aware_bn"`); the tuned profile keeps
 # whichever width `chord tune` measured faster. This notebook shows the prediction (waves,
@@ -30,7 +26,7 @@ GEMM = "gate_up"
 
 # %%
 from chord import optimizations
-from chord.workbench import SMS_H200, best_by, decision_row, recorded_tuning
+from chord.workbench import SMS_H200, best_by, decision_row, recorded_file, recorded_tuning
 from chord.workbench import figures
 from chord.workbench.explore import gemm_shape, tile_count, waves
 
@@ -61,7 +57,7 @@ for tok_e in (1, 4, 12, 32, 64, 128, 256, 512):
 # %%
 points = recorded_tuning()
 rows = best_by(points, {"BN=128": lambda s: s.block_n == 128, "BN=256": lambda s: s.block_n == 256})
-print(f"recorded: chord/bench/results/{points[0]['file']}")
+print(f"recorded: {recorded_file(points[0]['file'])}")
 print(f"{'scenario':20s} {'family':20s} {'gemm':8s} {'BN=128 us':>10s} {'BN=256 us':>10s} {'256/128':>8s}")
 for r in rows:
     a, b = r["BN=128_us"], r["BN=256_us"]

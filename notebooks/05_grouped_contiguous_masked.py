@@ -1,11 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -76,8 +72,7 @@ LABELS = ["profile", "raster off"]
 VARIANTS = {"profile": ablate.policy("profile"), "raster off": ablate.knob_off("tile raster")}
 POINTS = [("ep8-prefill-tok128", "grouped_contiguous", "gate_up"), ("ep8-prefill-tok512", "grouped_contiguous", "gate_up")]
 abl, where = ablate.ablation("05_raster", POINTS, VARIANTS, "tile raster on/off on the profile's contiguous schedules")
-print(where)
-print(ablate.table(abl, LABELS))
+ablate.show_table(abl, LABELS, where)
 
 # %% [markdown]
 # ## Measured: the heuristic's raster on every wgmma tile
@@ -96,8 +91,8 @@ abl_r, _ = ablate.rule_ablation("05_wgmma_raster", "wgmma_raster", "raster rule 
 # Grouped decode on the mma loop streams weights, so the ring depth sets how many bytes each CTA
 # keeps in flight against HBM latency. The heuristic's `buffered_k` rule asks for about 512 K
 # elements in flight per CTA (8 stages of 64) at the most CTAs per SM whose ring fits; off
-# (`heuristic,-buffered_k`): the knob default ring of 4 stages (256 K elements). DESIGN.md's
-# 768 for large masked blocks (12 stages at 32 rows per expert) measured 11-12 % slower than 8
+# (`heuristic,-buffered_k`): the knob default ring of 4 stages (256 K elements). A deeper ring,
+# 768 K elements for large masked blocks (12 stages at 32 rows per expert) measured 11-12 % slower than 8
 # stages on the H200 (docs/optimizations.md), so the rule does not use it. The 8 stages are what
 # the heuristic chose before the rule existed; against 4 stages they measure within 3 % either
 # way. Next to it the tuned profile.
@@ -120,21 +115,20 @@ for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic"
 # (`tma_x`, id token `tx1`) instead of every thread's 16-byte cp.async gather, and launch CTAs
 # in clusters of two that take neighbouring N blocks of one token tile (`cluster_n`, `cn2`),
 # so the pair reads its token rows from L2 together. Both give the same bits. Recorded A/B on
-# the H200 (run 6 of the session-9 file: the committed kernels, one machine instance); the
+# the H200 (run 6 of the the 37dd90f runs (2026-12-01) file: the committed kernels, one machine instance); the
 # profile uses `r2-tx1-cn2` on the 256-row tiles of tok256 / tok512 contiguous and `cn2` on masked
 # decode at 32 rows per expert. Multicasting the box between the pair measured slower (runs 2-5,
 # docs/optimizations.md).
 
 # %%
-from chord.workbench import figures, knob_pairs, recorded_timing
+from chord.workbench import figures, knob_pairs, recorded_file, recorded_timing
+from chord.workbench.tables import show_pairs
 
-s9 = recorded_timing("2026-12-01-h200-timing-s9-bulk-tma-pairs")
+s9 = recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs")
 for knob, label in (("tma_x", "tx1"), ("cluster_n", "cn2")):
     pairs = [r for r in knob_pairs(s9, knob, 0 if knob == "tma_x" else 1, label, "off") if r["run"] == 6
              and r["family"] != "indexed"]
-    for r in pairs:
-        print(f"{label}  {r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r[label + '_schedule']:48s} "
-              f"off {r['off_us']:7.1f} us  on {r[label + '_us']:7.1f} us  ({r[label + '_us'] / r['off_us'] - 1:+.1%})")
+    show_pairs(pairs, label, "off", f"{knob}: recorded {recorded_file(pairs[0]['file'])}")
     figures.ablation_figure(pairs, ["off", label], f"{knob} on / off (one GEMM, recorded A/B)")
 
 # %% [markdown]

@@ -1,11 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -80,7 +76,7 @@ for r in nt_rows:
 figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n_tiles")
 
 # %% [markdown]
-# ## Measured: the stmatrix epilogue and persistent CTAs (recorded A/B runs, session 8)
+# ## Measured: the stmatrix epilogue and persistent CTAs (recorded A/B runs, the 6d111f6 runs (2026-12-01))
 # At short K a tile's epilogue is a large part of its life. `stmatrix` (default on) moves each
 # warp's accumulators to the staged bf16 tile with `stmatrix.trans`, one instruction per two
 # 8-token groups of a 16-feature tile; `stm0` stores one 16-bit value at a time. `persistent`
@@ -94,22 +90,18 @@ figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n
 # (run 3: 1342.9 and 408.4 us) persistence is 3 % and 25 % slower (docs/optimizations.md).
 
 # %%
-from chord.workbench import knob_pairs, recorded_timing
+from chord.workbench import knob_pairs, recorded_file, recorded_timing
+from chord.workbench.tables import show_pairs
 
 # (knob_pairs leaves out ids that are no schedule any more, e.g. the split-K stm0 one of run 3)
-stm = knob_pairs(recorded_timing("2026-12-01-h200-timing-s8-epilogue-tiles"), "stmatrix", 0, "stmatrix", "stm0")
-for r in stm:
-    print(f"run {r['run']}  {r['scenario']:18s} {r['gemm']:7s} {r['stmatrix_schedule']:44s} stm0 {r['stm0_us']:7.1f} us  "
-          f"stmatrix {r['stmatrix_us']:7.1f} us  ({r['stmatrix_us'] / r['stm0_us'] - 1:+.1%}, same bits: {r['same_bits']})")
+stm = knob_pairs(recorded_timing("2026-12-01-h200-timing-6d111f6-epilogue-tiles"), "stmatrix", 0, "stmatrix", "stm0")
+show_pairs(stm, "stmatrix", "stm0", f"recorded: {recorded_file(stm[0]['file'])}")
 figures.ablation_figure(stm, ["stm0", "stmatrix"], "stmatrix epilogue on / off (one GEMM, recorded A/B)")
 
 # %%
-ps = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-s8-persistent"), "persistent", 0, "persistent",
+ps = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-6d111f6-persistent"), "persistent", 0, "persistent",
                             "one CTA per item") if r["run"] == 4]
-for r in ps:
-    print(f"run {r['run']}  {r['scenario']:18s} {r['family'][:4]} {r['gemm']:7s} {r['persistent_schedule']:48s} "
-          f"one CTA per item {r['one CTA per item_us']:7.1f} us  persistent {r['persistent_us']:7.1f} us  "
-          f"({r['persistent_us'] / r['one CTA per item_us'] - 1:+.1%})")
+show_pairs(ps, "persistent", "one CTA per item", f"recorded: {recorded_file(ps[0]['file'])}")
 figures.ablation_figure(ps, ["one CTA per item", "persistent"], "persistent CTAs on / off (one GEMM, recorded A/B)")
 
 # %% [markdown]
@@ -127,8 +119,7 @@ NT_LABELS = ["profile", "n_tiles off"]
 nt, where = ablate.ablation("06_n_tiles", [("tp8-m64", "indexed", "down"), ("tp8-m256", "indexed", "down")],
                             {"profile": ablate.policy("profile"), "n_tiles off": ablate.knob_off("multi-tile CTAs")},
                             "n_tiles on/off on the profile's TP8 down schedules")
-print(where)
-print(ablate.table(nt, NT_LABELS))
+ablate.show_table(nt, NT_LABELS, where)
 
 # %% [markdown]
 # ## Stream-K: one wave splits the valid units
@@ -148,7 +139,7 @@ import math
 from chord import tune
 from chord.bench.suite import load_suite
 from chord.schedule import profile_for, select
-from chord.workbench import gpu_available, recorded_timing
+from chord.workbench import gpu_available, recorded_file, recorded_timing
 
 for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
     for bn in (64, 128):
@@ -156,7 +147,7 @@ for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
         print(f"{gemm:8s} block_n {bn:3d}: {8 * (n // bn):4d} tiles, {units:5d} units over 132 x 2 CTAs = "
               f"{math.ceil(units / 264)} K blocks per CTA")
 
-STK_FILE = "2026-12-01-h200-timing-s11-stream-k"
+STK_FILE = "2026-12-01-h200-timing-05c29c3-stream-k"
 if gpu_available():
     sc = load_suite().scenario(SCENARIO)
     stk = []
@@ -168,7 +159,7 @@ if gpu_available():
     print("live on this GPU")
 else:
     stk = [r for r in recorded_timing(STK_FILE) if r["scenario"] == SCENARIO]
-    print(f"recorded: chord/bench/results/{STK_FILE}.json (no sm_90 GPU here, so nothing ran live)")
+    print(f"recorded: {recorded_file(STK_FILE + '.json')} (no sm_90 GPU here, so nothing ran live)")
 for gemm in ("gate_up", "down"):
     rows = [r for r in stk if r["gemm"] == gemm]
     if rows:
@@ -179,7 +170,7 @@ for gemm in ("gate_up", "down"):
 # %% [markdown]
 # ## Programmatic dependent launch: the gate_up + down pair with and without `pdl`
 # At one token the two TP8 GEMMs move ~25 MB (6 µs at HBM speed) but the pair took 22.6 µs in
-# session 9: most of it is launching and starting CTAs. With `pdl=1` each kernel waits for the
+# the 37dd90f runs (2026-12-01): most of it is launching and starting CTAs. With `pdl=1` each kernel waits for the
 # previous grid (`griddepcontrol.wait`) before its first global access and lets the next one
 # launch early, so the down GEMM's CTAs are resident when gate_up ends. The effect is between
 # the calls, so it is timed on the pair, as `chord bench` does (CUDA-graph replay and eager):

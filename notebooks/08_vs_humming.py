@@ -1,11 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -30,8 +26,8 @@ OUT_DIR = "bench-out"
 import os
 
 from chord.bench import report, runner
-from chord.workbench import gpu_available, recorded_results, where_results_come_from
-from chord.workbench import figures
+from chord.workbench import figures, gpu_available, recorded_results
+from chord.workbench.tables import show_bench
 
 HUMMING_DIR = HUMMING_DIR or os.environ.get("CHORD_HUMMING_DIR")
 if gpu_available():
@@ -42,10 +38,9 @@ if gpu_available():
         print("no upstream Humming install given: its column shows the committed baseline file, labelled so")
 else:
     result = recorded_results()
-print(where_results_come_from(result))
 
 # %%
-print(report.terminal_table(result))
+show_bench(result)  # where the numbers come from, then the table (HTML in JupyterLab, text in a script)
 
 # %%
 figures.speedup_figure(result)

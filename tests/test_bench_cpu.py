@@ -181,7 +181,7 @@ def test_cli_parser_registers_only_implemented_commands():
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == {"bench", "tune", "info", "precompile", "profile", "limits"}
+    assert set(sub.choices) == {"bench", "tune", "info", "doctor", "precompile", "profile", "limits"}
     if not __import__("torch").cuda.is_available():
         assert cli.main(["tune"]) == 2  # says plainly that tuning needs a GPU
     args = parser.parse_args(["bench", "--scenarios", "tp8-m1", "--quick", "--humming-dir", "/x"])

@@ -39,6 +39,18 @@ def test_collects_the_profile_every_policy_and_the_gpu_tests(tool, collected):
     assert "gmsk-m8n256k64-w4-s8-c1" in collected  # the decode profile's masked gate_up
 
 
+def test_collects_the_schedules_of_the_notebook_tables(collected):
+    import csv
+
+    from chord.workbench.data import DATA_DIR
+
+    named = set()
+    for f in DATA_DIR.glob("*.csv"):
+        rows = (line for line in f.read_text().splitlines() if not line.startswith("#"))
+        named |= {r["schedule"] for r in csv.DictReader(rows) if r.get("schedule")}
+    assert named and named <= set(collected)
+
+
 def test_no_tests_and_tune_change_the_set(tool, collected):
     small = tool.collect(tests=False)
     assert set(small) < set(collected)

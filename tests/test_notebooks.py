@@ -21,5 +21,11 @@ def test_notebook_runs(path, tmp_path):
     assert params and "QUICK = True" in params[0].source, "a parameters cell with QUICK first"
     assert "assert" in nb.cells[-1].source, "the last cell asserts an invariant"
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    outputs = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                      for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "Traceback" not in outputs
+    assert "\x1b" not in outputs, "terminal escape codes in a notebook's output"
+    recorded = [line for line in outputs.splitlines() if line.startswith("recorded")]
+    assert len(recorded) == len(set(recorded)), ("a provenance line printed twice", recorded)
+    if "nothing" in outputs and "measured live" in outputs:
+        assert "live run" not in outputs, "'live' said of recorded data"

@@ -153,7 +153,7 @@ def test_notebook_tables_round_trip(tmp_path, monkeypatch):
     assert path.read_text().startswith("# ") and "a test table" in path.read_text().splitlines()[0]
     monkeypatch.setattr(data, "DATA_DIR", tmp_path)
     back, where = data.recorded_table("t")
-    assert back == rows and "recorded:" in where and "notebooks/data/t.csv" in where
+    assert back == rows and "recorded:" in where and "chord/data/notebooks/t.csv" in where
     with pytest.raises(FileNotFoundError, match="no committed notebook table"):
         data.recorded_table("missing")
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
@@ -241,7 +241,7 @@ def test_recorded_timing_and_knob_pairs():
     """The committed A/B files read as rows with their run, and pair by one knob within a run."""
     from chord.workbench import knob_pairs, recorded_timing
 
-    rows = recorded_timing("2026-12-01-h200-timing-s8-epilogue-tiles")
+    rows = recorded_timing("2026-12-01-h200-timing-6d111f6-epilogue-tiles")
     assert rows and all({"run", "file", "schedule", "us"} <= set(r) for r in rows)
     pairs = knob_pairs(rows, "stmatrix", 0, "on", "off")
     assert pairs and all(p["on_schedule"] + "-stm0" == p["off_schedule"] for p in pairs)
@@ -251,7 +251,7 @@ def test_recorded_timing_and_knob_pairs():
     with pytest.raises(FileNotFoundError):
         recorded_timing("nope")
     with pytest.raises(ValueError, match="not an A/B timing file"):
-        recorded_timing("2026-12-01-h200-session8")
+        recorded_timing("2026-12-03-h200-9ad84e0")  # the shipped suite run
 
 
 # ---- pair ablations (notebook 06: programmatic dependent launch)
@@ -285,3 +285,83 @@ def test_pair_table_relative_times_and_bit_flags():
     line = ablate.pair_table(rows, ["profile", "pdl on"])
     assert "profile: 20.0 / 30.0 us" in line and "-10.0% graph" in line and "+0.0% eager" in line
     assert line.endswith("DIFFERENT BITS")
+
+
+# ---- text a reader can read: whole ids, HTML tables in a notebook, provenance of captures
+
+LONG_ID = "gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2"
+
+
+def test_tables_never_cut_a_value_and_do_not_wrap_in_html(capsys):
+    from chord.workbench import tables
+
+    header, body = tables.rows_table([{"scenario": "ep8-prefill-tok512", "family": "grouped_contiguous",
+                                       "schedule": LONG_ID, "us": 3216.71}])
+    text = tables.text(header, body, ["title"])
+    assert LONG_ID in text and "grouped_contiguous" in text and "3216.7" in text and text.startswith("title")
+    page = tables.html_table(header, body)
+    assert LONG_ID in page and "white-space:nowrap" in page and "overflow-x:auto" in page
+    assert not tables.in_notebook()  # a test is no Jupyter kernel: the text is printed
+    tables.show(header, body)
+    assert LONG_ID in capsys.readouterr().out
+
+
+def test_ablation_table_keeps_ids_and_labels_whole():
+    from chord.workbench import ablate
+
+    rows = [{"scenario": "ep8-prefill-tok512", "family": "grouped_contiguous", "gemm": "gate_up", "variant": v,
+             "schedule": LONG_ID + ("" if v == "profile" else "-x"), "us": us}
+            for v, us in (("profile", 100.0), ("tok_e rule off under heuristic", 125.0))]
+    text = ablate.table(rows, ["profile", "tok_e rule off under heuristic"])
+    assert LONG_ID in text and LONG_ID + "-x" in text and "grouped_contiguous" in text
+    assert "tok_e rule off under heuristic / profile" in text and "1.25" in text
+
+
+def test_humming_line_says_live_only_of_live_data():
+    from chord.bench import report
+
+    live = {"meta": {"humming": {"live": True}}}
+    recorded = {"meta": {"humming": {"live": True}, "file": "x.json"}}
+    committed = {"meta": {"humming": {"live": False}}}
+    assert "in this run" in report.humming_line(live)
+    assert "recorded run" in report.humming_line(recorded) and "live" not in report.humming_line(recorded)
+    assert "NOT run" in report.humming_line(committed)
+
+
+def test_a_recorded_capture_says_when_and_what_and_is_flagged_when_today_differs(monkeypatch):
+    from chord.workbench import captures
+
+    cap, where = captures.capture_or_recorded("ep8-prefill-tok128", "indexed")
+    assert cap["recorded"]["commit"] in where and cap["recorded"]["date"] in where
+    assert all(sid in where for sid in cap["schedules"].values())
+    today = captures.todays_schedules("ep8-prefill-tok128", "indexed")
+    stale = captures.stale_schedules(cap)
+    assert set(stale) == {g for g in today if today[g] != cap["schedules"][g]}
+    assert ("recorded under another decision" in where) == bool(stale)
+    same = dict(cap, schedules=dict(today))
+    assert captures.stale_schedules(same) == {}
+    monkeypatch.setattr(captures, "recorded_capture", lambda s, f: dict(same, file=cap["file"]))
+    _, where_today = captures.capture_or_recorded("ep8-prefill-tok128", "indexed")
+    assert "another decision" not in where_today
+
+
+def test_the_comparison_cell_does_not_repeat_the_suite_provenance_line(capsys):
+    from chord.workbench import compare, where_results_come_from, recorded_results
+
+    compare.show_comparison("tp8-m1", "indexed")
+    out = capsys.readouterr().out
+    assert where_results_come_from(recorded_results()) not in out
+    assert out.count("recorded:") == 1 and "tp8-m1 indexed row" in out and "idx-m8n64k64-w4-s8-c1-sk8" in out
+
+
+def test_a_recorded_bench_table_says_whether_its_schedules_are_todays(capsys):
+    from chord.workbench import recorded_results, tables
+
+    rec = recorded_results()
+    assert tables.decisions_since(dict(rec, meta={k: v for k, v in rec["meta"].items() if k != "file"})) == []
+    first = next(r for r in rec["rows"] if r["provider"] == "chord" and r["metric"] == "time_us")
+    changed = [dict(r, schedule_gate_up="idx-m8n64k64-w4-s8-c1") if r is first else r for r in rec["rows"]]
+    diffs = tables.decisions_since(dict(rec, rows=changed))
+    assert any(d.startswith(f"{first['scenario']} {first['family']}: gate_up idx-m8n64k64-w4-s8-c1 -> ") for d in diffs)
+    tables.show_bench(dict(rec, rows=changed))
+    assert "recorded under other decisions than today's" in capsys.readouterr().out

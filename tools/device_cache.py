@@ -1,6 +1,6 @@
-"""Build, on a machine without a GPU, the kernel cache a GPU session needs, and pack it to carry.
+"""Build, on a machine without a GPU, the kernel cache a GPU machine needs, and pack it to carry.
 
-The GPU machine compiles a missing kernel itself, but its minutes are scarce, so a session
+The GPU machine compiles a missing kernel itself, but its minutes are scarce, so a run
 builds here (same nvcc) every kernel its runs can launch and carries the cache as one file:
 
     python tools/device_cache.py --out .cache/device.tar.xz [--tune ep8-decode-tok32,tp8-m1024]
@@ -13,7 +13,7 @@ or notebooks switch knobs off):
 * the decision for every GEMM of every packaged suite under the profile, the heuristic, each heuristic rule off
   and the batch-invariant policy (what `chord bench --policy`, the notebooks' ablations and
   vLLM's tuning rows select);
-* the schedules named in the committed notebook tables (`notebooks/data/*.csv`);
+* the schedules named in the committed notebook tables (`chord/data/notebooks/*.csv`);
 * with ``--tests`` (default on): the fuzz pools of `tests/gpu/test_fuzz_gpu.py`, the sanitizer's
   cases (`tools/sanitize_cases.py`) and every schedule id written in `tests/gpu` and `tools`;
 * with ``--tune SCENARIOS``: every candidate `chord tune` would time there;
@@ -21,8 +21,8 @@ or notebooks switch knobs off):
   exists): the "<schedule id> <tile group cap>" lines a GPU run writes with
   ``CHORD_RECORD_KERNELS=FILE`` set (`chord.jit`). Most GPU tests build their schedules in code
   (overrides of a base tile, split-K and n_tiles variants, the layout ablation's G = 1 kernels),
-  which only a record of a run names; a session that runs the GPU tests with the variable set
-  and commits the file as `tools/device_kernels.txt` lets the next one build all of them here.
+  which only a record of a run names; a GPU run of the tests with the variable set that
+  commits the file as `tools/device_kernels.txt` lets the next one build all of them here.
 
 Cubins are built into $CHORD_CACHE_DIR (or ``--cache-dir``); a cached one is reused (and its SASS
 check recorded if it lacked one). Only the collected schedules' cubins are packed, so stale ones
@@ -100,7 +100,12 @@ def collect(tests: bool = True, tune_scenarios: str | None = None, profile: str 
                 _, _, prob = sc.gemm_problem(fam, gemm)
                 for pol in policies:
                     add(select(sc.profile(profile, fam), prob, pol))
-    for f in sorted((ROOT / "notebooks" / "data").glob("*.csv")):
+    from chord.workbench.data import DATA_DIR
+
+    tables = sorted(DATA_DIR.glob("*.csv"))
+    if not tables:
+        raise FileNotFoundError(f"no notebook tables in {DATA_DIR}")
+    for f in tables:
         rows = (line for line in f.read_text().splitlines() if not line.startswith("#"))
         for row in csv.DictReader(rows):
             if row.get("schedule"):

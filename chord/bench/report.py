@@ -101,17 +101,28 @@ def _render(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+NOTE = "times: do_bench median of gate_up + down (us); %fl = 100 * floor / time; speed-up = humming / chord"
+
+
+def humming_line(result: dict) -> str:
+    """How the Humming column was measured: in this run, in the recorded run shown (a result
+    read from a file: ``meta["file"]``), or the committed baseline file's numbers."""
+    meta = result.get("meta", {})
+    if meta.get("humming", {}).get("live"):
+        if meta.get("file"):
+            return "Humming 0.1.20: measured in that recorded run, on the same GPU, same routing and seed"
+        return "Humming 0.1.20: run in this run, on the same GPU, same routing and seed"
+    return ("Humming 0.1.20: NOT run -- numbers of the committed baseline file (2026-11-29, another run and GPU: "
+            "speed-up against them is indicative only), floors of that file for its %")
+
+
 def terminal_table(result: dict) -> str:
     header, body, live = _table_cells(result)
     meta = result.get("meta", {})
     c = meta.get("ceilings", {})
     title = (f"{meta.get('suite_name', 'suite')} on {meta.get('gpu')} (commit {meta.get('commit')}, {meta.get('timestamp')}); "
              f"ceilings: copy {_fmt(c.get('copy_TB_per_s'), '.3f')} TB/s, bf16 {_fmt(c.get('bf16_matmul_TFLOP_per_s'), '.1f')} TFLOP/s")
-    hum = ("Humming: live run, same GPU, same routing/seed" if live else
-           "Humming: NOT run -- numbers of the committed baseline file (2026-11-29, another run and GPU: "
-           "speed-up against them is indicative only), floors of that file for its %")
-    note = "times: do_bench median of gate_up + down (us); %fl = 100 * floor / time; speed-up = humming / chord"
-    lines = [title, hum, note, "", _render(header, body)]
+    lines = [title, humming_line(result), NOTE, "", _render(header, body)]
     summary = speedup_summary(result)
     if summary:
         lines += ["", "geomean speed-up: " + "; ".join(
@@ -203,7 +214,7 @@ def write_html(result: dict, path: str | Path) -> tuple[Path, bool]:
              f"<p>commit {html.escape(str(meta.get('commit')))}, {html.escape(str(meta.get('timestamp')))}; "
              f"ceilings {html.escape(json.dumps(meta.get('ceilings')))}</p>"]
     if not live:
-        parts.append("<p class='note'>Humming was not run in this session: its numbers come from the committed "
+        parts.append("<p class='note'>Humming was not run in these runs: its numbers come from the committed "
                      "baseline file (measured 2026-11-29), not from this run.</p>")
     used_plotly = False
     try:

@@ -456,7 +456,7 @@ def run_gpu(opts: BenchOptions, out: TextIO | None = None) -> dict:
     log("")
     log(report.terminal_table(result))
     if not meta["humming"]["live"]:
-        log("\nHumming was NOT run in this session (no --humming-dir): its column shows the committed baseline "
+        log("\nHumming was NOT run in these runs (no --humming-dir): its column shows the committed baseline "
             f"file {Path(opts.baseline_file).name} (measured 2026-11-29), labelled '{PROVIDER_COMMITTED}'.")
     log("\n" + "\n".join(f"wrote {p}" for p in paths))
     return result

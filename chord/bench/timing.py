@@ -1,7 +1,7 @@
 """Kernel timing: ``triton.testing.do_bench`` medians (with p20 / p80), and the L2 policy.
 
 ``bench(fn)`` times ``fn`` (a closure that launches the kernels under test, nothing else) the way
-DESIGN.md fixes it: ``triton.testing.do_bench(fn, warmup=50 ms, rep=300 ms,
+the project fixes for every measurement: ``triton.testing.do_bench(fn, warmup=50 ms, rep=300 ms,
 quantiles=[0.2, 0.5, 0.8])``, returned in microseconds.
 
 Kernels only: with ``graph=True`` (what ``chord bench`` and the Humming baseline use by

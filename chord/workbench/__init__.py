@@ -13,9 +13,9 @@
 Nothing here holds a kernel, a heuristic or a timing loop of its own: decisions come from
 ``chord.schedule``, measurements from ``chord.bench``.
 """
-from chord.workbench.data import (best_by, gpu_available, knob_pairs, recorded_capture, recorded_results,
-                                  recorded_timing, recorded_tuning, where_results_come_from)
+from chord.workbench.data import (best_by, gpu_available, knob_pairs, recorded_capture, recorded_file,
+                                  recorded_results, recorded_timing, recorded_tuning, where_results_come_from)
 from chord.workbench.explore import SMS_H200, decision_row, sweep_tok_e
 
-__all__ = ["best_by", "gpu_available", "knob_pairs", "recorded_capture", "recorded_results", "recorded_timing", "recorded_tuning", "where_results_come_from", "SMS_H200",
+__all__ = ["best_by", "gpu_available", "knob_pairs", "recorded_capture", "recorded_file", "recorded_results", "recorded_timing", "recorded_tuning", "where_results_come_from", "SMS_H200",
            "decision_row", "sweep_tok_e"]

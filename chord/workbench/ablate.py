@@ -5,7 +5,7 @@ A *variant* is a label and how to get a schedule for a point: a selection policy
 that policy) or an optimization of `chord.optimizations` switched off on the profile's
 schedule. Every distinct schedule of a point is timed once by `chord.tune.time_schedules` (the
 inputs `chord tune` uses, do_bench median of a CUDA-graph replay, output compared with the
-first variant's). Live on an sm_90 GPU (and saved as ``notebooks/data/<name>.csv`` when
+first variant's). Live on an sm_90 GPU (and saved as ``chord/data/notebooks/<name>.csv`` when
 $CHORD_NOTEBOOK_DATA_OUT is set), else the committed table of the same name.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def measure(points, variants: dict, rep_ms: float = 20.0) -> list[dict]:
 
 
 def ablation(name: str, points, variants: dict, what: str, rep_ms: float = 20.0) -> tuple[list[dict], str]:
-    """(rows, where they come from): `measure` live, or the committed notebooks/data/<name>.csv.
+    """(rows, where they come from): `measure` live, or the committed chord/data/notebooks/<name>.csv.
     A recorded table whose schedules are no longer what the variants select (a rule or the
     profile changed since it was measured) says so in `where`, naming the rows (:func:`stale_rows`)."""
     rows, where = live_or_recorded(name, lambda: measure(points, variants, rep_ms), what)
@@ -131,24 +131,40 @@ def rule_ablation(name: str, rule: str, off_label: str, points, what: str,
     printed with where they come from and as :func:`table`. Returns (rows, labels)."""
     labels, variants = rule_variants(rule, off_label)
     rows, where = ablation(name, points, variants, what, rep_ms)
-    print(where)
-    print(table(rows, labels))
+    show_table(rows, labels, where)
     return rows, labels
 
 
-def table(rows: list[dict], labels: list[str]) -> str:
-    """One line per point: µs of each variant (schedule ids below) and each variant over the first."""
+def table_cells(rows: list[dict], labels: list[str]) -> tuple[list[str], list[list[str]]]:
+    """(header, body): one row per point, µs and schedule id of each variant and each variant's
+    time over the first's, every id and label whole (chord.workbench.tables)."""
+    from chord.workbench.tables import cell
+
     keys = list(dict.fromkeys((r["scenario"], r["family"], r["gemm"]) for r in rows))
-    head = f"{'scenario':20s} {'family':18s} {'gemm':8s} " + " ".join(f"{lb[:22]:>22s}" for lb in labels)
-    lines = [head + "   " + " ".join(f"{lb[:12] + '/' + labels[0][:8]:>22s}" for lb in labels[1:])]
+    header = ["scenario", "family", "gemm", *(f"{lb} us" for lb in labels),
+              *(f"{lb} / {labels[0]}" for lb in labels[1:]), *(f"{lb} schedule" for lb in labels)]
+    body = []
     for key in keys:
         by = {r["variant"]: r for r in rows if (r["scenario"], r["family"], r["gemm"]) == key}
         us = [by.get(lb, {}).get("us") for lb in labels]
-        cells = " ".join(f"{u:22.1f}" if u else f"{'-':>22s}" for u in us)
-        rel = " ".join(f"{u / us[0]:22.2f}" if u and us[0] else f"{'-':>22s}" for u in us[1:])
-        lines.append(f"{key[0]:20s} {key[1]:18s} {key[2]:8s} {cells}   {rel}")
-        lines.append(" " * 48 + " ".join(f"{(by.get(lb, {}).get('schedule') or '-')[-22:]:>22s}" for lb in labels))
-    return "\n".join(lines)
+        rel = [u / us[0] if u and us[0] else None for u in us[1:]]
+        body.append([*key, *(cell(u) for u in us), *(cell(x, ".2f") for x in rel),
+                     *(cell(by.get(lb, {}).get("schedule")) for lb in labels)])
+    return header, body
+
+
+def table(rows: list[dict], labels: list[str]) -> str:
+    """:func:`table_cells` as aligned text."""
+    from chord.workbench.tables import text
+
+    return text(*table_cells(rows, labels))
+
+
+def show_table(rows: list[dict], labels: list[str], where: str | None = None) -> None:
+    """:func:`table_cells` displayed (an HTML table in JupyterLab) under the line `where`."""
+    from chord.workbench.tables import show
+
+    show(*table_cells(rows, labels), [where] if where else ())
 
 
 def figure_rows(rows: list[dict], labels: list[str]) -> list[dict]:
@@ -228,12 +244,12 @@ def measure_pairs(points, variants: dict, rep_ms: float = 50.0, warmup_ms: float
 
 def pair_ablation(name: str, points, variants: dict, what: str, rep_ms: float = 50.0) -> tuple[list[dict], str]:
     """(rows, where they come from): :func:`measure_pairs` live, or the committed
-    notebooks/data/<name>.csv; where neither exists (not yet run on an H200), no rows and a line
+    chord/data/notebooks/<name>.csv; where neither exists (not yet run on an H200), no rows and a line
     saying so, never numbers from elsewhere."""
     try:
         return live_or_recorded(name, lambda: measure_pairs(points, variants, rep_ms), what)
     except FileNotFoundError:
-        return [], (f"not measured on an H200 yet (no notebooks/data/{name}.csv): run this notebook on one with "
+        return [], (f"not measured on an H200 yet (no chord/data/notebooks/{name}.csv): run this notebook on one with "
                     f"$CHORD_NOTEBOOK_DATA_OUT set to record it; the schedules it would time are printed below")
 
 

@@ -14,11 +14,11 @@ import io
 import os
 import tempfile
 
-from chord.workbench.data import gpu_available, recorded_results, where_results_come_from
+from chord.workbench.data import gpu_available, recorded_file, recorded_results
 
 INSTALL_HINT = ("upstream Humming is not installed for the live comparison: "
-                "pip install --target ~/humming-0.1.20 humming-kernels==0.1.20 (or, offline, the wheel from "
-                "../shared/tools/gpu-wheels DIR: pip install --no-deps --target ~/humming-0.1.20 DIR/humming/*.whl), "
+                "pip install --no-deps --target ~/humming-0.1.20 humming-kernels==0.1.20 (or, offline, from a "
+                "downloaded wheel: pip install --no-deps --target ~/humming-0.1.20 humming_kernels-0.1.20-*.whl), "
                 "then set CHORD_HUMMING_DIR=~/humming-0.1.20 or pass humming_dir=...")
 
 
@@ -39,7 +39,11 @@ def compare(scenario: str, family: str, *, humming_dir: str | None = None, quick
     if not gpu_available():
         rec = recorded_results()
         rows = [r for r in rec["rows"] if r.get("scenario") == scenario and r.get("family") == family]
-        return {"meta": rec["meta"], "rows": rows}, where_results_come_from(rec)
+        meta = rec["meta"]
+        where = (f"recorded: the {scenario} {family} row of the suite run {recorded_file(meta['file'])} "
+                 f"({meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')}); "
+                 "no sm_90 GPU here, so nothing ran live")
+        return {"meta": meta, "rows": rows}, where
     opts = runner.BenchOptions(scenarios=scenario, families=family, humming_dir=hd, quick=quick,
                                out_dir=tempfile.mkdtemp(prefix="chord-compare-"), humming_tuning_rows="matching")
     log = io.StringIO()
@@ -52,12 +56,13 @@ def compare(scenario: str, family: str, *, humming_dir: str | None = None, quick
 
 
 def show_comparison(scenario: str, family: str, *, humming_dir: str | None = None, quick: bool = True):
-    """The comparison cell of a notebook: prints where the numbers come from and the bench's table
-    for that cell, and returns the pivoted row (gate_up + down µs of each provider, speed-up)."""
+    """The comparison cell of a notebook: shows where the numbers come from and the bench's table
+    for that cell (chord.workbench.tables), and returns the pivoted row (gate_up + down µs of
+    each provider, speed-up)."""
     from chord.bench import report
+    from chord.workbench.tables import show_bench
 
     result, where = compare(scenario, family, humming_dir=humming_dir, quick=quick)
-    print(where)
-    print(report.terminal_table(result))
+    show_bench(result, where)
     cells = report.pivot(result)
     return cells[0] if cells else None

@@ -1,11 +1,32 @@
-"""Where a notebook's numbers come from: a live GPU, or the committed H200 results."""
+"""Where a notebook's numbers come from: a live GPU, or the recorded H200 results.
+
+The recorded data the notebooks read ships inside the package (a wheel carries it): the `chord
+bench` / `chord tune` / A/B timing / capture files in ``chord/data/results/`` and the notebooks'
+measured tables in ``chord/data/notebooks/``. Every other raw result of the project's H200 runs
+lives in the source repository's top-level ``results/`` folder (``results/index.json``).
+"""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
+PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
+RESULTS_DIR = PACKAGE_DATA / "results"
+
+
+def shown(path: Path) -> str:
+    """How a recorded file is named to a reader: its path inside the package (``chord/data/...``)."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(PACKAGE_DATA.parent.parent))
+    except ValueError:
+        return str(path)
+
+
+def recorded_file(name: str) -> str:
+    """The shown path of the recorded result file `name` (``chord/data/results/<name>``)."""
+    return shown(RESULTS_DIR / name)
 
 
 def gpu_available() -> bool:
@@ -30,7 +51,7 @@ def _run_order(path: Path) -> tuple:
 
 
 def _committed(name: str | None, pattern: str, what: str) -> Path:
-    """chord/bench/results/<name>.json, or the newest file matching `pattern` when name is None."""
+    """chord/data/results/<name>.json, or the newest file matching `pattern` when name is None."""
     if name is None:
         kinds = ("tuning", "capture", "policy", "layout", "timing")  # other result kinds share the folder
         own = [k for k in kinds if k in pattern]
@@ -47,7 +68,7 @@ def _committed(name: str | None, pattern: str, what: str) -> Path:
 
 def recorded_results(name: str | None = None) -> dict:
     """A committed `chord bench` result (``{"meta", "rows"}``): the newest H200 suite run by
-    default, or ``chord/bench/results/<name>.json``."""
+    default, or ``chord/data/results/<name>.json``."""
     path = _committed(name, "*-h200-*.json", "bench results")
     data = json.loads(path.read_text())
     data.setdefault("meta", {})["file"] = path.name
@@ -61,13 +82,13 @@ def where_results_come_from(result: dict) -> str:
         why = "; no sm_90 GPU here, so nothing was measured live" if not gpu_available() else \
             " (the committed suite run, shown as recorded)"
         return (f"recorded: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')} "
-                f"(chord/bench/results/{meta['file']}){why}")
-    return f"live: {meta.get('gpu', '?')}, {meta.get('timestamp', '?')}"
+                f"({recorded_file(meta['file'])}){why}")
+    return f"live: {meta.get('gpu', '?')}, commit {meta.get('commit', '?')}, {meta.get('timestamp', '?')}"
 
 
 def recorded_tuning(name: str | None = None) -> list[dict]:
     """The points of a committed `chord tune` run (every candidate's time per suite GEMM): the
-    newest H200 one by default, or ``chord/bench/results/<name>.json``."""
+    newest H200 one by default, or ``chord/data/results/<name>.json``."""
     path = _committed(name, "*-h200-tuning.json", "tuning points")
     points = json.loads(path.read_text())
     for p in points:
@@ -76,7 +97,7 @@ def recorded_tuning(name: str | None = None) -> list[dict]:
 
 
 def recorded_timing(name: str) -> list[dict]:
-    """The rows of a committed Chord-only A/B timing file (``chord/bench/results/<name>.json``:
+    """The rows of a committed Chord-only A/B timing file (``chord/data/results/<name>.json``:
     ``{"about", "code", "runs": [{"run", "rows"}]}``, each run one machine instance), each row with
     its ``run`` and ``file``: compare rows of one run only."""
     path = _committed(name, "", "A/B timings")
@@ -90,7 +111,8 @@ def knob_pairs(rows: list[dict], knob: str, off_value, on_label: str = "on", off
     """Rows of an A/B timing (:func:`recorded_timing`) paired by one knob: each schedule with
     `knob` on next to its twin with `knob` = `off_value` timed in the same run, one row per pair
     (scenario, family, gemm, run, ``<label>_us``, ``<label>_schedule``, ``same_bits``: both timed
-    against one first schedule and bit-identical to it), the form `figures.ablation_figure` draws."""
+    against one first schedule and bit-identical to it, and the ``file`` they were read from), the
+    form `figures.ablation_figure` draws."""
     from chord.schedule import Schedule, override
 
     by = {(r["run"], r["scenario"], r["family"], r["gemm"], r["schedule"]): r for r in rows}
@@ -113,7 +135,7 @@ def knob_pairs(rows: list[dict], knob: str, off_value, on_label: str = "on", off
         out.append({"scenario": sc, "family": fam, "gemm": gemm, "run": run,
                     f"{on_label}_us": r["us"], f"{on_label}_schedule": sid,
                     f"{off_label}_us": twin["us"], f"{off_label}_schedule": twin_id,
-                    "same_bits": bool(r.get("same_bits")) and bool(twin.get("same_bits"))})
+                    "same_bits": bool(r.get("same_bits")) and bool(twin.get("same_bits")), "file": r.get("file")})
     return out
 
 
@@ -147,10 +169,10 @@ def best_by(points: list[dict], groups: dict) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# notebooks/data: the tables a notebook measured live on an H200, committed as CSV so the same
+# chord/data/notebooks: the tables a notebook measured live on an H200, committed as CSV so the same
 # notebook shows them without a GPU
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "data"
+DATA_DIR = PACKAGE_DATA / "notebooks"
 DATA_OUT_ENV = "CHORD_NOTEBOOK_DATA_OUT"  # a folder: live notebook runs write their tables there
 
 
@@ -192,7 +214,7 @@ def save_table(name: str, rows: list[dict], what: str, out_dir: str | Path | Non
 
 
 def recorded_table(name: str) -> tuple[list[dict], str]:
-    """(rows, the file's provenance line) of the committed ``notebooks/data/<name>.csv``."""
+    """(rows, the file's provenance line) of the committed ``chord/data/notebooks/<name>.csv``."""
     import csv
 
     path = DATA_DIR / f"{name}.csv"
@@ -203,13 +225,13 @@ def recorded_table(name: str) -> tuple[list[dict], str]:
         if not first.startswith("# "):
             raise ValueError(f"{path}: the first line must be '# <gpu>, commit <sha>, <time>: <what>'")
         rows = [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    return rows, f"recorded: {first[2:].strip()} (notebooks/data/{path.name}); no sm_90 GPU here, so nothing ran live"
+    return rows, f"recorded: {first[2:].strip()} (chord/data/notebooks/{path.name}); no sm_90 GPU here, so nothing ran live"
 
 
 def live_or_recorded(name: str, measure, what: str) -> tuple[list[dict], str]:
     """The one switch of a notebook's measured table: with an sm_90 GPU, ``measure()`` (its rows
     are also saved by :func:`save_table` when $CHORD_NOTEBOOK_DATA_OUT is set); without one, the
-    committed ``notebooks/data/<name>.csv``. Returns (rows, where they come from)."""
+    committed ``chord/data/notebooks/<name>.csv``. Returns (rows, where they come from)."""
     if gpu_available():
         rows = measure()
         import torch
