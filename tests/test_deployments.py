@@ -234,20 +234,25 @@ def test_cost_model_ranks_by_waves_bytes_in_flight_and_padding():
 
 
 def test_tuning_candidates_put_the_seeds_first_and_cut_the_rest():
-    sc = load_suite("kimi_k2_h200_large_ep").scenario("ep16-decode-tok4")
-    n, k, prob = sc.gemm_problem("indexed", "gate_up")
-    default = select(sc.profile(None, "indexed"), prob)
-    c = tune.tuning_candidates("indexed", prob, sc.rows_per_expert, default, "h200", 10)
-    heur = explain("h200:ep8-decode", prob, "heuristic").schedule
-    ep8 = explain("h200:ep8-decode", prob, "profile").schedule  # the nearest tuned deployment's rule
-    assert c[0] == default and heur in c[:3] and ep8 in c[:3]
+    # 20 experts of EP shapes: no deployment covers them; the nearest tuned one is EP16 (24 experts)
+    prob = Problem("indexed", 20, 4096, 7168, 80, 8)
+    default = select(profile_for("indexed", 20, 4096, 7168), prob)
+    c = tune.tuning_candidates("indexed", prob, 4.0, default, "h200", 10)
+    heur = explain("h200:ep16-decode", prob, "heuristic").schedule
+    near = explain("h200:ep16-decode", prob, "profile").schedule  # the nearest tuned deployment's rule
+    assert default == heur  # a custom shape's default is the heuristic's decision
+    assert c[0] == default and near in c[:3] and near != heur
     assert len(c) >= 10 and len(set(c)) == len(c)
     split = [i for i, s in enumerate(c) if s.split_k > 1 or s.stream_k]
     assert split and min(split) > max(i for i, s in enumerate(c) if i not in split)  # the variants come last
     # precompile --tune builds exactly what the tune times
+    sc = load_suite("kimi_k2_h200_large_ep").scenario("ep16-decode-tok4")
+    n, k, p16 = sc.gemm_problem("indexed", "gate_up")
+    c16 = tune.tuning_candidates("indexed", p16, sc.rows_per_expert, select(sc.profile(None, "indexed"), p16), "h200",
+                                 10)
     built = set(tune.tune_schedules(suite=load_suite("kimi_k2_h200_large_ep"), scenario_ids="ep16-decode-tok4",
                                     families="indexed", max_candidates=10))
-    assert set(c) <= built
+    assert set(c16) <= built
 
 
 def test_timing_cache_round_trip(tmp_path):

@@ -46,14 +46,18 @@ def test_heuristic_gives_a_valid_reasoned_schedule(sc, family, gemm):
     # each rule off changes only what it decides
     bm_off = select(prof, prob, "heuristic,-tok_e_block_m")
     assert bm_off.block_m == (128 if bm_off.mainloop == "wgmma" else 16)
-    wb_off = select(prof, prob, "heuristic,-wave_aware_bn")
+    wb_off = select(prof, prob, "heuristic,-wave_aware_bn,-decode_stream_tile")
     assert wb_off.block_n <= 128 or wb_off.ntw > 1  # a wide warp tile is not the wave rule's choice
-    assert select(prof, prob, "heuristic,-wide_warp_tiles,-wave_aware_bn").block_n <= 128
+    assert select(prof, prob, "heuristic,-wide_warp_tiles,-wave_aware_bn,-decode_stream_tile").block_n <= 128
+    ds = select(prof, prob, "heuristic")
+    if ds.mainloop == "mma" and ds.block_m <= 16 and prob.k >= 4096 and prob.n >= 2048:  # decode_stream_tile's
+        assert (ds.block_n, ds.stages) == (256, 6)
+    assert select(prof, prob, "heuristic,-split_k_fill").split_k in (1, ds.split_k) or ds.split_k == 1
     wide_off = select(prof, prob, "heuristic,-wide_warp_tiles")
     assert wide_off.mainloop == "mma" or wide_off.ntw == 1
     assert select(prof, prob, "heuristic,-split_k_gate").split_k == 1
     assert select(prof, prob, "heuristic,-wgmma_raster").raster == 0
-    bk_off = select(prof, prob, "heuristic,-buffered_k")
+    bk_off = select(prof, prob, "heuristic,-buffered_k,-decode_stream_tile")
     assert bk_off.stages <= (4 if bk_off.mainloop == "mma" and prob.family != "indexed" else 8)
     te_off = explain(prof, prob, "heuristic,-touched_estimate")
     assert "touched_estimate off: min(E, rows)" in te_off.reason and te_off.schedule.family == family
@@ -65,11 +69,24 @@ def test_heuristic_rules_on_known_shapes():
     # tiles: 3 waves, the last 91 % full)
     p = Problem("indexed", 48, 4096, 7168, 48, 8)
     prof = profile_for("indexed", 48, 4096, 7168)
-    s = select(prof, p, "heuristic")
+    s = select(prof, p, "heuristic,-decode_stream_tile")
     assert (s.mainloop, s.block_m, s.block_n) == ("mma", 8, 128)
     assert "~31 touched experts" in explain(prof, p, "heuristic").reason
-    s = select(prof, p, "heuristic,-touched_estimate")
+    s = select(prof, p, "heuristic,-touched_estimate,-decode_stream_tile")
     assert (s.mainloop, s.block_m, s.block_n) == ("mma", 8, 256)
+    # with decode_stream_tile on (the default): BN 256 and a 6-stage ring whatever the waves
+    s = select(prof, p, "heuristic")
+    assert (s.block_n, s.stages, s.split_k) == (256, 6, 1) and "decode_stream_tile" in explain(prof, p, "heuristic").reason
+    # EP32 (12 experts) at 2 rows per expert: the 176 tiles fill 2/3 of a wave of 264: split_k_fill splits K in two
+    p32 = Problem("indexed", 12, 4096, 7168, 24, 8)
+    s = select(profile_for("indexed", 12, 4096, 7168), p32, "heuristic")
+    assert (s.block_n, s.split_k) == (256, 2)
+    assert select(profile_for("indexed", 12, 4096, 7168), p32, "heuristic,-split_k_fill").split_k == 1
+    # the down GEMM (K = 2048) and TP8's gate_up (N = 512) keep the wave-aware tile
+    assert select(prof, Problem("indexed", 48, 7168, 2048, 48, 1), "heuristic").stages == 8
+    tp = Problem("indexed", 384, 512, 7168, 8, 8)
+    assert select(profile_for("indexed", 384, 512, 7168), tp, "heuristic") == \
+        select(profile_for("indexed", 384, 512, 7168), tp, "heuristic,-decode_stream_tile")
     # TP8 64 tokens (512 routes over 384 experts, ~283 touched): gate_up BN 128 (BN 256: 566 tiles, 3
     # waves, the last 14 % full); counted as 384 touched experts BN 256 (768 tiles)
     p = Problem("indexed", 384, 512, 7168, 64 * 8, 8)
@@ -79,7 +96,7 @@ def test_heuristic_rules_on_known_shapes():
     # masked decode: buffered-K keeps 512 K elements in flight (8 stages of 64) at 4 and at 32 rows per
     # expert; off: the default ring of 4 stages
     prof = profile_for("grouped_masked", 48, 4096, 7168)
-    for rows, pol in ((4, "heuristic"), (32, "heuristic,-wide_warp_tiles")):
+    for rows, pol in ((4, "heuristic,-decode_stream_tile"), (32, "heuristic,-wide_warp_tiles")):
         p = Problem("grouped_masked", 48, 4096, 7168, rows * 48)
         s, off = select(prof, p, pol), select(prof, p, pol + ",-buffered_k")
         assert (s.mainloop, s.stages, off.stages) == ("mma", 8, 4), rows
@@ -181,5 +198,6 @@ def test_grouped_tma_pairs_rule():
 
 def test_rules_table_documents_every_rule():
     assert set(POLICY_RULES) == {"tok_e_block_m", "wave_aware_bn", "split_k_gate", "touched_estimate", "wgmma_raster",
-                                  "buffered_k", "wide_warp_tiles", "grouped_tma_pairs"}
+                                  "buffered_k", "wide_warp_tiles", "grouped_tma_pairs", "decode_stream_tile",
+                                  "split_k_fill"}
     assert all(" off: " in v for v in POLICY_RULES.values())

@@ -50,7 +50,8 @@ def test_smem_matches_kernel_formula():
 
 def test_profile_has_every_deployment_and_family():
     pf = load_profile_file("h200")
-    assert set(pf.deployments) == {"ep8-decode", "ep8-prefill", "tp8"}
+    assert set(pf.deployments) == {"ep8-decode", "ep8-prefill", "tp8", "ep16-decode", "ep16-prefill", "ep32-decode",
+                                   "ep32-prefill"}
     assert set(pf.profile("ep8-decode").rules) >= {"indexed", "grouped_masked"}
     assert set(pf.profile("ep8-prefill").rules) >= {"indexed", "grouped_contiguous"}
     assert "indexed" in pf.profile("tp8").rules
