@@ -225,14 +225,15 @@ def _role_profile(name: str, dep: str, role: str):
         return Profile(pf.gpu, CUSTOM, {}, pf.path, deployment_name=CUSTOM, role=role)
     d = deployments(name)[dep]
     roles = dict(d.entries)
-    if "both" in roles:  # one entry for every batch (TP8)
-        return replace(pf.profile(roles["both"]), role=role)
     if role in roles:
         return replace(pf.profile(roles[role]), role=role)
-    if role != "both":  # a role the deployment has no entry for: the other one's rules, said so
-        only = next(iter(roles))
-        log.warning("chord: deployment %s of profile %r has no %s rules; using its %s rules", dep, name, role, only)
-        return replace(pf.profile(roles[only]), role=role)
+    if len(roles) == 1:  # one entry (TP8's 'both', or a deployment tuned for one role): its rules for every batch
+        (only, entry), = roles.items()
+        if only != "both" and role != "both":  # the other role's rules, said so
+            log.warning("chord: deployment %s of profile %r has no %s rules; using its %s rules", dep, name, role, only)
+        return replace(pf.profile(entry), role=role)
+    if role != "both":  # cannot happen: two entries are decode and prefill
+        raise ValueError(f"deployment {dep} of profile {name!r} has no {role} entry ({sorted(roles)})")
     dec, pre = pf.profile(roles["decode"]), pf.profile(roles["prefill"])
     t = d.split_rows_per_expert
     rules = {}

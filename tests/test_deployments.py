@@ -285,3 +285,22 @@ def test_same_arithmetic_and_wave_fill_variants():
     # a grid of many waves (EP8 down at 32 rows per expert) gets none
     big = Problem("indexed", 48, 7168, 2048, 48 * 32, 1)
     assert not tune.wave_fill_variants("indexed", big, [Schedule("indexed", 32, 64, 4, 4, 2)])
+
+
+def test_a_deployment_tuned_for_one_role_serves_every_role(tmp_path, monkeypatch, caplog):
+    """`chord tune --tok-e 4 ...` writes only a decode entry: role both uses it for every batch and
+    role prefill uses it too, with a warning (the GPU run of the custom-shape tune found this)."""
+    suite = shape_suite("ONE", 16, 3072, 4096, 4096, 1536, tok_e=[4])
+    prof = tune.profile_from_points(_points_for(suite), "h200", gpu="h200", note="n", meta=tune.entry_meta(
+        suite.select(None, None)))
+    assert "one-prefill" not in prof["deployments"]
+    (tmp_path / "h200.json").write_text(json.dumps(prof))
+    monkeypatch.setenv("CHORD_PROFILE_DIR", str(tmp_path))
+    D.clear_caches()
+    prob = Problem("indexed", 16, 3072, 4096, 16 * 100, 8)
+    both = explain(profile_for("indexed", 16, 3072, 4096), prob)
+    assert both.deployment == "ONE" and both.role == "both" and both.schedule.block_n == 64
+    with caplog.at_level(logging.WARNING, logger="chord"):
+        pre = explain(profile_for("indexed", 16, 3072, 4096, role="prefill"), prob)
+    assert pre.schedule == both.schedule and pre.role == "prefill"
+    assert any("has no prefill rules" in r.getMessage() for r in caplog.records)
