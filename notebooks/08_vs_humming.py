@@ -50,6 +50,26 @@ time_fig, floor_fig = figures.suite_figures(result)
 floor_fig
 
 # %% [markdown]
+# ## Larger expert parallelism: EP16 and EP32
+# Prefill/decode-disaggregated deployments spread Kimi K2.x's experts over 16 or 32 GPUs (24 or
+# 12 local experts). Their rules are the EP16 / EP32 entries of `profiles/h200.json`, tuned by
+# `chord tune --suite kimi_k2_h200_large_ep`; `chord bench --suite kimi_k2_h200_large_ep` times
+# them next to upstream Humming (live with `QUICK = False` on a GPU, else the committed H200 run).
+
+# %%
+if gpu_available() and not QUICK:
+    result_ep = runner.run_gpu(runner.BenchOptions(suite="kimi_k2_h200_large_ep", humming_dir=HUMMING_DIR,
+                                                   out_dir=OUT_DIR + "-large-ep"))
+else:
+    result_ep = recorded_results(suite="kimi-k2-h200-large-ep")
+show_bench(result_ep)
+print("geomean speed-up:", ", ".join(f"{k} {g:.3f}x ({n} rows, {f} faster)"
+                                     for k, (g, n, f) in report.speedup_summary(result_ep).items()))
+
+# %%
+figures.speedup_figure(result_ep)
+
+# %% [markdown]
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
@@ -66,8 +86,9 @@ show_capture("ep8-prefill-tok128", "indexed")
 # time over Chord's time of the same scenario and family.
 
 # %%
-cells = report.pivot(result)
+cells = report.pivot(result) + report.pivot(result_ep)
 assert cells and all(c.get("chord_check") == "pass" for c in cells if c.get("chord_us"))
+assert {r.get("deployment") for r in result_ep["rows"]} >= {"EP16", "EP32"}
 for c in cells:
     h = c.get("humming_us", c.get("humming_committed_us"))
     if c.get("speedup"):

@@ -66,9 +66,29 @@ def _committed(name: str | None, pattern: str, what: str) -> Path:
     return path
 
 
-def recorded_results(name: str | None = None) -> dict:
-    """A committed `chord bench` result (``{"meta", "rows"}``): the newest H200 suite run by
-    default, or ``chord/data/results/<name>.json``."""
+#: the suite whose newest committed run `recorded_results` shows by default
+DEFAULT_SUITE_NAME = "kimi-k2-h200"
+
+
+def _suite_of(path: Path) -> str:
+    try:
+        return str(json.loads(path.read_text()).get("meta", {}).get("suite_name", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def recorded_results(name: str | None = None, suite: str | None = None) -> dict:
+    """A committed `chord bench` result (``{"meta", "rows"}``): the newest H200 run of `suite`
+    (a suite's name, default the Kimi K2 H200 suite; ``kimi-k2-h200-large-ep`` for EP16 / EP32),
+    or ``chord/data/results/<name>.json``."""
+    if name is None:
+        want = suite or DEFAULT_SUITE_NAME
+        kinds = ("tuning", "capture", "policy", "layout", "timing")
+        runs = sorted((p for p in RESULTS_DIR.glob("*-h200-*.json")
+                       if not any(k in p.name for k in kinds) and _suite_of(p) == want), key=_run_order)
+        if not runs:
+            raise FileNotFoundError(f"no committed H200 bench results of suite {want!r} in {RESULTS_DIR}")
+        name = runs[-1].name
     path = _committed(name, "*-h200-*.json", "bench results")
     data = json.loads(path.read_text())
     data.setdefault("meta", {})["file"] = path.name
