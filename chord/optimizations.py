@@ -228,7 +228,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "the heuristic gives mma decode tiles (at most 16 token rows) at K >= 4096 where N has 8 or more "
                  "256-feature blocks BN 256 on 4 warps with a 6-stage ring (~55 KB of weights in flight per "
                  "CTA), whatever the waves: with 12 and 24 local experts (EP32 / EP16) the wave-aware 128-wide "
-                 "tile streamed 5-19 % slower (chord tune of the large-EP suite, H200 2026-12-03); off: the "
+                 "tile streamed 8-19 % slower at 1-4 rows per expert (chord tune of the large-EP suite, H200 2026-12-03); off: the "
                  "wave-aware BN and buffered-K rules decide",
                  "policy", None, IMPLEMENTED, "04_wave_aware_bn", rule="decode_stream_tile"),
     Optimization("split-K to fill the wave",

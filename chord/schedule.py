@@ -824,12 +824,12 @@ POLICY_RULES = {
                          "neutral to slower on 32-128-row tiles; off: the cp.async gather, CTAs in grid order",
     "decode_stream_tile": "mma token tiles of at most 16 rows (decode) at K >= 4096 where N has 8+ 256-feature blocks: "
                           "BN 256 on 4 warps with a 6-stage ring (~55 KB of weights in flight per CTA) whatever "
-                          "the waves: timed 5-19 % faster than the wave-aware 128-wide, 8-stage tile at 1-12 rows "
+                          "the waves: timed 8-19 % faster than the wave-aware 128-wide, 8-stage tile at 1-4 rows "
                           "per expert with 12 and 24 local experts (EP32 / EP16 gate_up, H200 2026-12-03, "
                           "chord tune of the large-EP suite); off: wave_aware_bn and buffered_k decide",
     "split_k_fill": "mma tiles whose grid fills more than half but at most 3/4 of one wave of CTA slots, K "
                     "long (>= 64 K blocks): split-K 2 so the last wave is full (EP32 decode gate_up: 64 vs 69 us "
-                    "at 2 rows per expert, 72 vs 80 us at 12, H200 2026-12-03); off: split_k_gate alone",
+                    "at 2 rows per expert, 72 vs 112 us at 12 on the 256-wide tile, H200 2026-12-03); off: split_k_gate alone",
     "buffered_k": "grouped decode on the mma loop keeps about 512 K elements in flight per CTA (a ring of 8 "
                   "stages of 64) at the most CTAs per SM whose ring fits in shared memory: the depth the "
                   "heuristic already chose, now a switchable rule (768 measured 11-12 % slower on 32-row masked "
