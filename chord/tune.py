@@ -143,8 +143,13 @@ def _pair_and_tma_variants(family: str, n: int, rows_per_expert: float, s: Sched
     per_expert = -(-int(math.ceil(rows_per_expert)) // s.block_m)
     if tall and per_expert >= 2 and per_expert in KNOB["raster"].legal and per_expert not in RASTERS:
         knobs += [dict(kw, raster=per_expert) for kw in knobs if "tma_x" in kw]
+    return _legal_variants(s, knobs)
+
+
+def _legal_variants(s: Schedule, changes) -> list[Schedule]:
+    """`s` with each set of knob changes in turn, where the result is a legal Schedule that fits."""
     out = []
-    for kw in knobs:
+    for kw in changes:
         try:
             c = dataclasses.replace(s, **kw)
         except ValueError:
@@ -454,13 +459,7 @@ def wave_fill_variants(family: str, prob: Problem, ranked: list[Schedule]) -> li
         tries = [dict(split_k=z) for z in WAVE_FILL_SPLITS if kb // z >= 8]
         if family == "indexed":
             tries.append(dict(stream_k=1, fold=0))
-        for kw in tries:
-            try:
-                c = dataclasses.replace(s, **kw)
-            except ValueError:
-                continue
-            if _fits(c):
-                out.append(c)
+        out += _legal_variants(s, tries)
     return out
 
 
