@@ -45,9 +45,9 @@ from chord._env import flag
 
 __all__ = ["fast_launch", "status", "try_launch", "remember", "clear", "PLAN", "build_module"]
 
-# csrc/host/launch.c's Plan: func, stream, extent[2], grid[3], block[3], smem, flags, device,
-# overlap[2], slot[12], params_len, params[256]
-PLAN = struct.Struct("<QQ2Q3I3IIIi2i12iI256s")
+# csrc/host/launch.c's Plan: func, stream, extent[12], grid[3], block[3], smem, flags, device,
+# out, slot[12], params_len, params[256], pad
+PLAN = struct.Struct("<QQ12Q3I3IIIii12iI256sI")
 FLAG_PDL, FLAG_STREAM_BOUND, FLAG_NOOP = 1, 2, 4
 MAX_ITEMS = 12
 PARAM_BYTES = 256
@@ -113,7 +113,11 @@ def _compile(cc: str, include: str, src: Path, name: str) -> bytes:
         tmp_so = Path(tmp, name)
         cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}", str(src),
                "-o", str(tmp_so)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as exc:  # $CC names no program, or one that cannot run
+            raise RuntimeError(f"the C compiler {cc!r} (from $CC, else cc / gcc / clang on PATH) cannot be run: "
+                               f"{exc.strerror or exc}; set CC to a working compiler") from None
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
         return tmp_so.read_bytes()
@@ -204,12 +208,15 @@ def try_launch(schedule: str, *items) -> bool:
 
 def remember(schedule: str, items: tuple, slots: tuple, *, func: int = 0, device: int = 0, grid=(0, 0, 0),
              block=(0, 0, 0), smem: int = 0, params: bytes = b"", pdl: bool = False, stream: int | None = None,
-             overlap: tuple[int, int] | None = None, extents: tuple[int, int] = (0, 0), noop: bool = False) -> None:
+             overlap: tuple[int, int] | None = None, extents: tuple = (0, 0), noop: bool = False,
+             out_item: int | None = None) -> None:
     """Record the plan of a launch that just ran the Python path (or of a call with nothing to
     launch: noop). `items`: the call's signature items as try_launch gets them; `slots`: for each
     item, the byte offset of its data pointer in `params`, or None; `stream`: the stream the plan
-    is bound to (a workspace of that stream), None: any; `overlap`: the item indices of out and x,
-    whose byte `extents` must not intersect. Nothing is recorded while the fast path is off, for
+    is bound to (a workspace of that stream), None: any; `out_item`: the item index of the output
+    and `extents` the bytes each item spans (0 for a scalar): a later call whose output overlaps
+    any other tensor item misses (the Python path raises). The older form `overlap=(out, x)` with
+    two `extents` checks out against x alone. Nothing is recorded while the fast path is off, for
     an item the C module does not take (a tensor subclass), or with NVTX ranges on."""
     mod = MODULE
     if mod is None or profiling._enabled or len(items) > MAX_ITEMS or len(params) > PARAM_BYTES:
@@ -222,9 +229,18 @@ def remember(schedule: str, items: tuple, slots: tuple, *, func: int = 0, device
         if off is not None:
             slot[i] = off
     flags = (FLAG_PDL if pdl else 0) | (FLAG_STREAM_BOUND if stream is not None else 0) | (FLAG_NOOP if noop else 0)
-    ov = overlap if overlap is not None else (-1, -1)
-    plan = PLAN.pack(func, stream or 0, extents[0], extents[1], *grid, *block, smem, flags, device, ov[0], ov[1],
-                     *slot, len(params), params)
+    ext = [0] * MAX_ITEMS
+    if out_item is not None:
+        if len(extents) != len(items):
+            raise ValueError(f"remember: extents must give one byte count per item ({len(items)}), got {len(extents)}")
+        ext[:len(extents)] = [int(e) for e in extents]
+        out = out_item
+    elif overlap is not None:
+        out = overlap[0]
+        ext[overlap[0]], ext[overlap[1]] = int(extents[0]), int(extents[1])
+    else:
+        out = -1
+    plan = PLAN.pack(func, stream or 0, *ext, *grid, *block, smem, flags, device, out, *slot, len(params), params, 0)
     if len(PLANS) >= _PLANS_MAX:
         PLANS.clear()
     PLANS[key] = plan

@@ -536,17 +536,26 @@ _INDEXED_SLOTS = (None, None, None, _OFF["x"], _OFF["qweight"], _OFF["scales"], 
 _GROUPED_SLOTS = (None, _OFF["x"], _OFF["qweight"], _OFF["scales"], _OFF["expert_layout"], _OFF["out"])
 
 
+def _span_bytes(t) -> int:
+    """Bytes a tensor's elements span in memory (0 for a scalar item or an empty tensor)."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return 0
+    return (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
 def _plan(items: tuple, slots: tuple, x: torch.Tensor, out: torch.Tensor) -> tuple:
     """What chord.launch.remember needs besides the launch itself: the items, their pointer slots,
-    and the overlap check of out (the last item) against x (the first tensor)."""
-    return items, slots, (len(items) - 1, slots.index(_OFF["x"])), (out.numel() * 2, x.numel() * 2)
+    the output's item index (the last item) and every item's byte span, so a planned call whose
+    out overlaps x, the weights, the scales or a routing buffer misses the plan (the Python path
+    raises naming both)."""
+    return items, slots, len(items) - 1, tuple(_span_bytes(t) for t in items)
 
 
 def _remember_noop(schedule_id: str, plan: tuple) -> None:
     """A call with nothing to launch (no rows): its plan says so."""
     if launch.MODULE is not None:
-        items, slots, overlap, extents = plan
-        launch.remember(schedule_id, items, slots, overlap=overlap, extents=extents, noop=True)
+        items, slots, out_item, extents = plan
+        launch.remember(schedule_id, items, slots, out_item=out_item, extents=extents, noop=True)
 
 
 def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,
@@ -568,11 +577,11 @@ def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params
     if plan is not None and tmap is None and launch.MODULE is not None and min(grid) > 0:
         # the next call of this signature launches from C; a split-K / stream-K plan only on this
         # stream (its workspace and counters are this stream's)
-        items, slots, overlap, extents = plan
+        items, slots, out_item, extents = plan
         bound = sched.split_k > 1 or sched.stream_k or sched.queue  # counters of this stream
         launch.remember(schedule_id, items, slots, func=kernel.function(dev).value, device=dev, grid=grid,
                         block=(sched.threads, 1, 1), smem=kernel.smem_bytes, params=params, pdl=sched.pdl == 1,
-                        stream=stream if bound else None, overlap=overlap, extents=extents)
+                        stream=stream if bound else None, out_item=out_item, extents=extents)
 
 
 # ---------------------------------------------------------------------------------------------

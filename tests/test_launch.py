@@ -84,11 +84,11 @@ def t(*shape, dtype=torch.bfloat16):
 
 def test_module_is_built_once_and_matches_the_plan_layout(fast, tmp_path):
     mod, _ = fast
-    assert mod.plan_bytes() == launch.PLAN.size == 384
+    assert mod.plan_bytes() == launch.PLAN.size == 464
     built = sorted((tmp_path / "host").glob("_chord_launch-*"))
     assert [p.suffix for p in built] == [".sha256", ".so"]  # the module and its checksum file
     again = launch.build_module()  # cached: no second file
-    assert sorted((tmp_path / "host").glob("_chord_launch-*")) == built and again.plan_bytes() == 384
+    assert sorted((tmp_path / "host").glob("_chord_launch-*")) == built and again.plan_bytes() == 464
 
 
 def test_signature_covers_every_checked_property(fast):
@@ -170,6 +170,40 @@ def test_overlap_stream_and_noop(fast):
     launch.remember("sch", (9, x, out), (None, 0, 24), overlap=(2, 1), extents=(512, 512), noop=True)
     assert launch.try_launch("sch", 9, t(4, 64), t(8, 32))
     assert len(rec.calls) == n + 1  # nothing launched for the no-op plan
+
+
+def test_a_plan_checks_out_against_every_tensor_item(fast):
+    """A plan made with every item's byte span (chord.ops' plans) misses whenever out overlaps any
+    other tensor item of the call (weights, scales, routing buffers), not only x; scalars and
+    tensors out does not touch launch."""
+    mod, rec = fast
+    buf = t(4096)
+    x, w, s, r, out = (buf[i * 512:(i + 1) * 512].view(8, 64) for i in range(5))
+    items = (9, x, w, s, r, out)
+    launch.remember("sch", items, (None, 0, 8, 16, 24, 32), func=0xABC, device=0, grid=(1, 1, 1),
+                    block=(128, 1, 1), smem=0, params=bytes(64), out_item=5,
+                    extents=(0, *(v.numel() * 2 for v in items[1:])))
+    n = len(rec.calls)
+    assert launch.try_launch("sch", *items) and len(rec.calls) == n + 1
+    for i, name in ((1, "x"), (2, "weights"), (3, "scales"), (4, "routing")):
+        bad = buf[(i - 1) * 512 + 64:(i - 1) * 512 + 576].view(8, 64)  # out straddling item i (and the next)
+        call = list(items)
+        call[5] = bad
+        assert not launch.try_launch("sch", *call), name
+    assert len(rec.calls) == n + 1
+    with pytest.raises(ValueError, match="one byte count per item"):
+        launch.remember("sch", items, (None, 0, 8, 16, 24, 32), out_item=5, extents=(0, 1), noop=True)
+
+
+def test_ops_plans_record_the_span_of_every_item():
+    from chord import ops
+
+    x, w = torch.empty(4, 64, dtype=torch.bfloat16), torch.empty(2, 8, dtype=torch.int32)
+    out = torch.empty(4, 32, dtype=torch.bfloat16)
+    items, slots, out_item, extents = ops._plan((1, 2, x, w, out), (None, None, 0, 8, 16), x, out)
+    assert out_item == 4 and extents == (0, 0, 512, 64, 256)
+    assert ops._span_bytes(torch.empty(64, 4, dtype=torch.bfloat16).t()) == 512  # strided: the span, not numel
+    assert ops._span_bytes(torch.empty(0, 4)) == 0
 
 
 def test_pdl_plan_goes_through_launch_ex(fast):
@@ -415,3 +449,13 @@ def test_checked_calls_and_tma_schedules_take_the_python_path(ops_stubbed, monke
     for _ in range(2):
         ops.gemm_contiguous_raw(*g, sid, check_routing=False)
     assert len(kern.launches) == 5 and not rec.calls  # a tensor map encodes x's address: no plan
+
+
+def test_a_missing_c_compiler_is_named_not_a_raw_file_error(monkeypatch, tmp_path):
+    """CC naming no program: build_module raises a RuntimeError naming the compiler and $CC (it was a
+    bare FileNotFoundError from subprocess), and launch.status() says why the fast path is off."""
+    from chord import launch
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(RuntimeError, match=r"C compiler .*no-such-cc.*\$CC"):
+        launch.build_module(tmp_path / "cache")

@@ -5,7 +5,7 @@
  * grid, block, shared memory, the parameter block with its scalars and workspaces. chord.launch
  * packs that as a plan (the Plan struct below) under the call's signature. A later call with the
  * same signature needs only its data pointers: this module reads the signature of the call's
- * arguments, finds the plan, checks what depends on the pointers (out must not overlap x), puts
+ * arguments, finds the plan, checks what depends on the pointers (out must overlap no other tensor), puts
  * the pointers into the parameter block and calls cuLaunchKernel(Ex). Anything it cannot decide
  * (an argument that is not a plain tensor or an exact int, a signature without a plan, overlap,
  * a plan bound to another stream) is a miss: the caller runs the Python path, which validates,
@@ -37,19 +37,20 @@ enum { PLAN_PDL = 1, PLAN_STREAM_BOUND = 2, PLAN_NOOP = 4 };
 typedef struct {
     uint64_t func;          /* CUfunction on the plan's device */
     uint64_t stream;        /* the stream a plan with a split-K / stream-K workspace is bound to */
-    uint64_t extent[2];     /* bytes of the two tensors that must not overlap */
+    uint64_t extent[MAX_ITEMS]; /* bytes each tensor item spans (0: not checked) */
     uint32_t grid[3];
     uint32_t block[3];
     uint32_t smem;
     uint32_t flags;         /* PLAN_* */
     int32_t device;
-    int32_t overlap[2];     /* argument indices of those two tensors (out, x), -1: no check */
+    int32_t out;            /* item index of the output, which must overlap no other item; -1: no check */
     int32_t slot[MAX_ITEMS];/* byte offset in the parameter block of each tensor's pointer, -1: none */
     uint32_t params_len;
     uint8_t params[PARAM_BYTES];
+    uint32_t pad;
 } Plan;
 
-_Static_assert(sizeof(Plan) == 384, "Plan must match chord.launch's struct layout");
+_Static_assert(sizeof(Plan) == 464, "Plan must match chord.launch's struct layout");
 
 /* cuda.h's CUlaunchAttribute (id padded to 8 bytes, 64-byte value union) and CUlaunchConfig */
 typedef struct { int id; char pad[4]; int value[16]; } LaunchAttr;
@@ -180,11 +181,14 @@ static PyObject *py_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Plan plan;
     memcpy(&plan, PyBytes_AS_STRING(packed), sizeof(Plan));
     Py_ssize_t n = nargs - 2;
-    if (plan.overlap[0] >= 0 && plan.overlap[1] >= 0) {
-        if (plan.overlap[0] >= n || plan.overlap[1] >= n) Py_RETURN_FALSE;
-        uint64_t a = ptrs[plan.overlap[0]], b = ptrs[plan.overlap[1]];
-        if (plan.extent[0] && plan.extent[1] && a < b + plan.extent[1] && b < a + plan.extent[0])
-            Py_RETURN_FALSE;  /* the Python path raises the error naming the arguments */
+    if (plan.out >= 0) {
+        if (plan.out >= n || n > MAX_ITEMS) Py_RETURN_FALSE;
+        uint64_t a = ptrs[plan.out], ea = plan.extent[plan.out];
+        for (Py_ssize_t i = 0; ea && i < n; i++) {
+            uint64_t b = ptrs[i], eb = plan.extent[i];
+            if (i != plan.out && eb && a < b + eb && b < a + ea)
+                Py_RETURN_FALSE;  /* the Python path raises the error naming the arguments */
+        }
     }
     if (plan.flags & PLAN_NOOP) Py_RETURN_NONE;
     PyObject *dev = PyLong_FromLong(plan.device);
