@@ -286,9 +286,14 @@ def check_layer_tensors(config: LayerConfig, weight: Any, weight_scale: Any, fn:
     if not (isinstance(weight, torch.Tensor) and weight.dim() == 6 and isinstance(weight_scale, torch.Tensor)
             and weight_scale.dim() == 7):
         return
-    key = (config.num_experts, config.shape_n, config.shape_k, config.pad_shape_n, weight.shape, weight_scale.shape,
-           weight_scale.data_ptr() if checks.has_memory(weight_scale) else None, weight_scale.device)
-    if key in _LAYERS_CHECKED:  # this layer's tensors, seen before: one dict lookup per call
+    compiling = torch.compiler.is_compiling()
+    # under torch.compile the shapes are checked (traced once per graph) but nothing is memoized:
+    # a data pointer is no dict key Dynamo can trace
+    key = None if compiling else (config.num_experts, config.shape_n, config.shape_k, config.pad_shape_n,
+                                  weight.shape, weight_scale.shape,
+                                  weight_scale.data_ptr() if checks.has_memory(weight_scale) else None,
+                                  weight_scale.device)
+    if key is not None and key in _LAYERS_CHECKED:  # this layer's tensors, seen before: one dict lookup per call
         return
     e, ng, kb, g = (int(v) for v in weight.shape[:4])
     want = (config.kernel_experts, config.shape_n, config.shape_k)
@@ -302,13 +307,14 @@ def check_layer_tensors(config: LayerConfig, weight: Any, weight_scale: Any, fn:
         raise ValueError(f"{fn}: weight_scale must match weight [E, N/16/G, K/64, G] = {tuple(weight.shape[:4])}, got "
                          f"shape {tuple(weight_scale.shape)}")
     if config.pad_shape_n:
-        if key[6] is None or torch.compiler.is_compiling() or (
-                weight_scale.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if compiling or key[6] is None or (weight_scale.is_cuda and torch.cuda.is_current_stream_capturing()):
             return  # no values to read now: checked at the next eager call
         if not _chord.padding_scales_zero(weight_scale, config.n):
             raise ValueError(f"{fn}: weight_scale must be zero in the N padding of this layer (features {config.n}.."
                              f"{config.shape_n - 1}; LayerConfig pad_shape_n={config.pad_shape_n}), but it is not: "
                              "weights of another layer of the padded size?")
+    if key is None:
+        return
     if len(_LAYERS_CHECKED) >= 4096:
         _LAYERS_CHECKED.clear()
     _LAYERS_CHECKED[key] = True
