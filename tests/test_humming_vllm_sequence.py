@@ -722,3 +722,23 @@ def test_vllm_sequence_traces_with_fullgraph_torch_compile_cpu(case, monkeypatch
                              inter=inter, M=M, top_k=top_k, group_size=group, entry=entry, use_scatter=scatter)
     torch._dynamo.reset()
     assert err < 1e-2, f"{case}: relative error {err:.3g} under torch.compile"
+
+
+def test_layer_tensor_check_traces_without_a_data_pointer_key():
+    """humming.forward.check_layer_tensors under torch.compile(fullgraph=True) with tensors that
+    have memory: it checks the shapes while tracing and keys no memo on a data pointer (Dynamo
+    cannot hash one: on the H200 the compiled forward broke there). A wrong layer still raises."""
+    import humming.forward as hf
+    from humming.config import LayerConfig
+
+    cfg = LayerConfig(shape_n=256, shape_k=512, num_experts=4)
+    w = torch.zeros(4, 2, 8, 8, 32, 4, dtype=torch.int32)
+    s = torch.zeros(4, 2, 8, 8, 8, 2, 2, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    check = torch.compile(lambda w, s: (hf.check_layer_tensors(cfg, w, s), w.sum())[1], fullgraph=True)
+    before = dict(hf._LAYERS_CHECKED)
+    assert int(check(w, s)) == 0
+    assert hf._LAYERS_CHECKED == before  # nothing memoized while compiled
+    with pytest.raises(Exception, match="weight must be this layer's"):
+        check(torch.zeros(3, 2, 8, 8, 32, 4, dtype=torch.int32), torch.zeros(3, 2, 8, 8, 8, 2, 2, dtype=torch.bfloat16))
+    torch._dynamo.reset()
