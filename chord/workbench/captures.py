@@ -28,7 +28,7 @@ def todays_schedules(scenario: str, family: str, suite=None) -> dict:
     from chord.schedule import gpu_profile_name
 
     sc = scenario_for(suite, scenario, family, who="capture")
-    gate_up, down = scenario_schedules(family, sc, ChordAPI.profile(gpu_profile_name(), sc.profile_deployment))
+    gate_up, down = scenario_schedules(family, sc, ChordAPI.profile(gpu_profile_name(), sc))
     return {"gate_up": gate_up.id, "down": down.id}
 
 

@@ -100,6 +100,16 @@ def bench_title(result: dict, where: str | None = None) -> list[str]:
             report.humming_line(result), report.NOTE]
 
 
+def _packaged_suite(name: str | None):
+    """The packaged suite file whose name a result records (None: the default suite)."""
+    from chord.bench.suite import SUITES_DIR, load_suite
+
+    for path in sorted(SUITES_DIR.glob("*.json")):
+        if name and load_suite(path).name == name:
+            return path
+    return None
+
+
 def decisions_since(result: dict) -> list[str]:
     """For a recorded result (``meta["file"]``): the rows whose Chord schedules are not what the
     selection policy in use picks today, as ``"<scenario> <family>: <gemm> <recorded> -> <today>"``
@@ -107,13 +117,15 @@ def decisions_since(result: dict) -> list[str]:
     from chord.bench import report
     from chord.workbench.captures import todays_schedules
 
-    if not result.get("meta", {}).get("file"):
+    meta = result.get("meta", {})
+    if not meta.get("file"):
         return []
+    suite = _packaged_suite(meta.get("suite_name"))
     out = []
     for c in report.pivot(result):
         if not c.get("chord_schedule"):
             continue
-        today = todays_schedules(c["scenario"], c["family"])
+        today = todays_schedules(c["scenario"], c["family"], suite)
         for gemm, was in (("gate_up", c.get("chord_schedule")), ("down", c.get("chord_schedule_down"))):
             if was and was != today[gemm]:
                 out.append(f"{c['scenario']} {c['family']}: {gemm} {was} -> {today[gemm]}")
