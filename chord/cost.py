@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chord.schedule import K_BLOCK, Problem, Schedule, token_tiles, touched_experts
+from chord.knobs import K_BLOCK, Problem, Schedule
+from chord.selection import token_tiles, touched_experts
 
 SMS = 132
 BANDWIDTH_B_PER_US = 4.2e6  # the measured copy ceiling, 4.2 TB/s

@@ -8,14 +8,14 @@ covers. An entry of its ``deployments`` object is one role of one deployment::
       "role": "decode",                  # decode | prefill | both
       "covers": {"experts": [24], "gemms": [[4096, 7168], [7168, 2048]]},
       "split_rows_per_expert": 45.255,   # optional: where `both` switches from decode to prefill rules
-      "families": {...}                  # the rules (chord.schedule)
+      "families": {...}                  # the rules (chord.profiles)
     }
 
 **Which deployment.** A layer is fixed at load by its weight shape ``(experts, N, K)``: the
 deployment whose ``covers`` lists that expert count and that (N, K) pair (``gemms`` absent: any
 N, K). An explicit setting wins: ``CHORD_DEPLOYMENT`` (a deployment name of the profile such as
 ``EP16``, or ``custom``), or the argument ``deployment=`` of :func:`profile_for`. A shape that no
-deployment covers is ``custom``: it runs the heuristic policy (``chord.schedule``'s rules without
+deployment covers is ``custom``: it runs the heuristic policy (``chord.selection``'s rules without
 a profile row), and says so once in the log with the command that tunes it. Nothing is inferred
 from "fewer than 256 experts" any more.
 
@@ -25,7 +25,7 @@ load the same weights but see different batches. ``CHORD_ROLE`` (``decode``, ``p
 layer config's ``chord_role``. ``decode`` uses the decode entry's rules for every batch,
 ``prefill`` the prefill entry's, ``both`` the decode rules up to ``split_rows_per_expert`` rows
 per expert and the prefill rules above (one entry of role ``both``, like TP8, is used as it is).
-The role is part of every ``Decision`` (``chord.schedule.explain``) and of ``chord info``.
+The role is part of every ``Decision`` (``chord.selection.explain``) and of ``chord info``.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ import math
 import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
+
+from chord.knobs import FAMILIES, _check_family
+from chord.profiles import Profile, Rule, gpu_profile_name, load_profile_file
 
 ROLES = ("both", "decode", "prefill")
 CUSTOM = "custom"
@@ -118,8 +121,6 @@ def parse_entry_meta(path: str, entry: str, body: dict) -> tuple[str, str, float
 @lru_cache(maxsize=16)
 def deployments(profile_name: str) -> dict:
     """{deployment name: Deployment} of a profile file (entries that cover shapes only)."""
-    from chord.schedule import load_profile_file
-
     pf = load_profile_file(profile_name)
     groups: dict = {}
     for entry, prof in pf.deployments.items():
@@ -157,8 +158,6 @@ def deployment_for(num_experts: int, n: int, k: int, *, deployment: str | None =
     """The deployment of a weight shape: `deployment` or ``CHORD_DEPLOYMENT`` when given (checked
     against the profile), else the profile's deployment that covers (experts, N, K), else
     ``custom``."""
-    from chord.schedule import gpu_profile_name
-
     name = profile_name or gpu_profile_name()
     deps = deployments(name)
     want = deployment if deployment is not None else explicit_deployment()
@@ -200,13 +199,11 @@ def _say_custom_once(name: str, num_experts: int, n: int, k: int) -> None:
 
 def profile_for(family: str, num_experts: int, n: int, k: int, *, deployment: str | None = None,
                 role: str | None = None, profile_name: str | None = None):
-    """The chord.schedule.Profile a layer's calls are decided by (see the module docstring), in
+    """The chord.profiles.Profile a layer's calls are decided by (see the module docstring), in
     the profile file `profile_name` (default ``CHORD_PROFILE`` or h200).
 
-    A custom shape gets a profile without rules, which `chord.schedule.explain` decides by the
+    A custom shape gets a profile without rules, which `chord.selection.explain` decides by the
     heuristic policy."""
-    from chord.schedule import _check_family, gpu_profile_name
-
     _check_family(family)
     name = profile_name or gpu_profile_name()
     role = current_role() if role is None else check_role(role)
@@ -218,8 +215,6 @@ def profile_for(family: str, num_experts: int, n: int, k: int, *, deployment: st
 
 @lru_cache(maxsize=64)
 def _role_profile(name: str, dep: str, role: str):
-    from chord.schedule import FAMILIES, Profile, Rule, load_profile_file
-
     pf = load_profile_file(name)
     if dep == CUSTOM:
         return Profile(pf.gpu, CUSTOM, {}, pf.path, deployment_name=CUSTOM, role=role)
@@ -254,7 +249,7 @@ def _role_profile(name: str, dep: str, role: str):
 def clear_caches() -> None:
     """Forget every memoized profile, deployment and decision (after a profile file changed on disk,
     or CHORD_PROFILE_DIR moved): the next call reads the files again."""
-    from chord.schedule import _explain, load_profile_file
+    from chord.selection import _explain  # selection sits above this module
 
     load_profile_file.cache_clear()
     deployments.cache_clear()
@@ -265,8 +260,6 @@ def clear_caches() -> None:
 
 def describe(profile_name: str | None = None) -> list[dict]:
     """One row per deployment of the profile (what `chord info` prints)."""
-    from chord.schedule import gpu_profile_name
-
     name = profile_name or gpu_profile_name()
     return [{"deployment": d.name, "roles": [r for r, _ in d.entries], "experts": list(d.experts),
              "gemms": [list(g) for g in d.gemms], "split_rows_per_expert": d.split_rows_per_expert}
