@@ -61,5 +61,5 @@ def tok_e_explorer(deployment: str = "ep8", family: str = "indexed", gemm: str =
         w.observe(redraw_sweep, names="value")
     refresh()
     state.role = role
-    box = W.VBox([W.HBox([dep, fam, gem, pol, role]), slider, out, fig])
+    box = W.VBox([W.HBox([dep, fam, gem]), W.HBox([pol, role]), slider, out, fig])  # two rows: no scrollbar
     return box, state
