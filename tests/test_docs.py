@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", ROOT / "results" / "README.md", *(ROOT / "docs").glob("*.md")])
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py")) + [ROOT / "notebooks" / "jupytext.toml"]
 SOURCES = sorted(p for d in ("chord", "humming", "tools") for p in (ROOT / d).rglob("*.py"))
+PROFILES = sorted((ROOT / "profiles").glob("*.json"))  # their about / why texts are shown to users
 RESULT_DIRS = (ROOT / "results", ROOT / "chord" / "data" / "results", ROOT / "chord" / "data" / "notebooks")
 
 # internal terms of how the project was worked on, meaningless to a user
@@ -42,7 +43,7 @@ def lines_of(path: Path):
         yield i, line
 
 
-@pytest.mark.parametrize("path", DOCS + NOTEBOOKS + SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", DOCS + NOTEBOOKS + SOURCES + PROFILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_internal_terms(path):
     bad = [f"{path.relative_to(ROOT)}:{i}: {why}: {line.strip()[:120]}"
            for i, line in lines_of(path) for rx, why in INTERNAL if rx.search(line)]
