@@ -103,7 +103,9 @@ def known_profiles() -> list[str]:
     """Profile names found in $CHORD_PROFILE_DIR (when set) and the packaged profiles folder."""
     from chord._resources import profiles_dir
 
-    roots = [Path(os.environ["CHORD_PROFILE_DIR"])] if os.environ.get("CHORD_PROFILE_DIR") else []
+    from chord import _env
+
+    roots = [Path(_env.get("CHORD_PROFILE_DIR"))] if _env.get("CHORD_PROFILE_DIR") else []
     try:
         roots.append(profiles_dir())
     except FileNotFoundError:
@@ -178,19 +180,14 @@ def check_environment() -> None:
     folder, the profile and the policy in use."""
     from chord import _env
 
-    for var in _env.SWITCHES:
-        try:
-            _env.flag(var)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
     try:
-        _env.tile_group_max()
+        _env.check()  # every registered variable parses: switches, the tile group, the role, ...
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    folder = os.environ.get("CHORD_PROFILE_DIR")
+    folder = _env.get("CHORD_PROFILE_DIR")
     if folder and not Path(folder).is_dir():
         raise UsageError(f"environment variable CHORD_PROFILE_DIR={folder!r} is not a folder")
-    if "CHORD_PROFILE" in os.environ:
-        check_profile("environment variable CHORD_PROFILE", os.environ["CHORD_PROFILE"])
-    if "CHORD_POLICY" in os.environ:
-        check_policy("environment variable CHORD_POLICY", os.environ["CHORD_POLICY"])
+    if _env.is_set("CHORD_PROFILE"):
+        check_profile("environment variable CHORD_PROFILE", _env.raw("CHORD_PROFILE"))
+    if _env.is_set("CHORD_POLICY"):
+        check_policy("environment variable CHORD_POLICY", _env.raw("CHORD_POLICY"))

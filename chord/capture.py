@@ -36,6 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from chord import _env
 from chord import timeline
 
 TOOLS = ("torch", "nsys", "ncu", "none")
@@ -297,7 +298,7 @@ def _tool_binary(name: str) -> str:
 
 
 def _run(cmd: list[str], log: Path) -> None:
-    env = dict(os.environ, CHORD_NVTX="1")
+    env = _env.environ(CHORD_NVTX="1")
     with log.open("w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc:

@@ -14,6 +14,7 @@ captures one scenario's calls with torch.profiler, Nsight Systems or Nsight Comp
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 import importlib.util
 import os
@@ -21,7 +22,7 @@ import platform
 import sys
 from typing import Sequence
 
-from chord import _args
+from chord import _args, _env
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -91,9 +92,9 @@ def _check_bench(args: argparse.Namespace) -> None:
     _args.check_positive_int("--check-rows", args.check_rows)
     if args.policy is not None:
         args.policy = _args.check_policy("--policy", args.policy)
-    if args.humming_dir is None and os.environ.get("CHORD_HUMMING_DIR"):
+    if args.humming_dir is None and _env.get("CHORD_HUMMING_DIR"):
         args.humming_dir = str(_args.check_humming_dir("environment variable CHORD_HUMMING_DIR",
-                                                       os.environ["CHORD_HUMMING_DIR"]))
+                                                       _env.get("CHORD_HUMMING_DIR")))
     elif args.humming_dir is not None:
         args.humming_dir = str(_args.check_humming_dir("--humming-dir", args.humming_dir))
 
@@ -101,14 +102,15 @@ def _check_bench(args: argparse.Namespace) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from chord.bench import runner
 
-    if args.policy is not None:
-        os.environ["CHORD_POLICY"] = args.policy  # every select() of the run sees it (checked by _check_bench)
     opts = runner.BenchOptions(suite=args.suite, scenarios=args.scenarios, families=args.families,
                                humming_dir=args.humming_dir, out_dir=args.out, quick=args.quick, seed=args.seed,
                                check_rows=args.check_rows, profile_file=args.profile, codes=args.codes,
                                humming_tuning_rows=args.humming_tuning_rows, cuda_graph=not args.no_cuda_graph)
+    # --policy (checked by _check_bench): every select() of the run sees it
+    policy = _env.override(CHORD_POLICY=args.policy) if args.policy is not None else contextlib.nullcontext()
     try:
-        return runner.main(opts)
+        with policy:
+            return runner.main(opts)
     except ValueError as exc:
         print(f"chord bench: {exc}", file=sys.stderr)
         return 2
@@ -177,8 +179,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     line("suites", ", ".join(sorted(p.name for p in SUITES_DIR.glob("*.json"))))
     line("baselines", ", ".join(sorted(p.name for p in BASELINES_DIR.glob("*.json"))))
-    for k in sorted(k for k in os.environ if k.startswith("CHORD_")):
-        line(k, os.environ[k])
+    for k, v in _env.current().items():
+        line(k, v)
     try:
         _args.check_environment()
     except _args.UsageError as exc:

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from chord import _env
 from chord.knobs import FAMILIES, _check_family
 from chord.profiles import Profile, Rule, gpu_profile_name, load_profile_file
 
@@ -74,13 +74,12 @@ def check_role(role, where: str = "role") -> str:
 
 def current_role() -> str:
     """``CHORD_ROLE`` (default ``both``): the serving instance's role, fixed for the process."""
-    text = os.environ.get("CHORD_ROLE", "").strip() or "both"
-    return check_role(text.lower(), f"environment variable CHORD_ROLE={text!r}:")
+    return _env.get("CHORD_ROLE")  # checked against ROLES by the registry
 
 
 def explicit_deployment() -> str | None:
     """``CHORD_DEPLOYMENT`` when set (a deployment name of the profile, or ``custom``), else None."""
-    text = os.environ.get("CHORD_DEPLOYMENT", "").strip()
+    text = (_env.get("CHORD_DEPLOYMENT") or "").strip()
     return text or None
 
 

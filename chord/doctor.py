@@ -20,7 +20,6 @@ broken installation, but it cannot serve, and the SKIP lines say so).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import sys
 import tempfile
@@ -61,7 +60,9 @@ def check_environment() -> Check:
         _args.check_environment()
     except _args.UsageError as exc:
         return Check(FAIL, "environment", str(exc))
-    set_vars = sorted(k for k in os.environ if k.startswith("CHORD_"))
+    from chord import _env
+
+    set_vars = list(_env.current())
     return Check(PASS, "environment", f"CHORD_* values valid ({', '.join(set_vars) or 'none set'})")
 
 

@@ -39,6 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from chord import _env
 from chord._env import TILE_GROUPS, flag
 from chord._resources import csrc_dir
 from chord.schedule import MAX_SMEM_PER_CTA
@@ -102,7 +103,7 @@ def render(schedule: "Schedule") -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("CHORD_CACHE_DIR")
+    root = _env.get("CHORD_CACHE_DIR")
     if root:
         return Path(root).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -110,7 +111,7 @@ def cache_dir() -> Path:
 
 
 def nvcc_path() -> str:
-    explicit = os.environ.get("CHORD_NVCC")
+    explicit = _env.get("CHORD_NVCC")
     if explicit:
         return explicit
     found = shutil.which("nvcc")
@@ -510,7 +511,7 @@ def _cuobjdump() -> str | None:
     """cuobjdump: $CHORD_CUOBJDUMP, else on PATH, beside nvcc (as called and as resolved), under
     $CUDA_HOME, or the one the `nvidia-cuda-cuobjdump` wheel installs (a dev dependency, for
     machines whose CUDA toolkit ships nvcc without it); None when none exists."""
-    explicit = os.environ.get("CHORD_CUOBJDUMP")
+    explicit = _env.get("CHORD_CUOBJDUMP")
     if explicit:
         return explicit if Path(explicit).exists() or shutil.which(explicit) else None
     found = shutil.which("cuobjdump")
@@ -666,7 +667,7 @@ def _record_kernel(schedule: "Schedule", tile_group_cap: int) -> None:
     """With $CHORD_RECORD_KERNELS set, append "<schedule id> <tile group cap>" to that file once per
     process and kernel (one O_APPEND write per line, so processes may share the file): the list
     of kernels a run needed, which `tools/device_cache.py --record` builds ahead next time."""
-    path = os.environ.get(RECORD_ENV)
+    path = _env.get(RECORD_ENV)
     key = (schedule.id, tile_group_cap)
     if not path:
         return

@@ -28,12 +28,12 @@ import csv
 import dataclasses
 import io
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from chord import _env
 from chord.capture import CaptureError, _tool_binary
 
 # sections whose raw metrics hold everything below; each name exists in every Nsight Compute
@@ -289,7 +289,7 @@ def run(out_dir: str | Path = "limits-out", *, suite=None, scenarios=None, famil
     if profile_file:
         cmd += ["--profile", profile_file]
     with (out / "ncu.log").open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ)).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env.environ()).returncode
     if rc:
         raise LimitsError(f"ncu exited with {rc} (log {out / 'ncu.log'}):\n{(out / 'ncu.log').read_text()[-2000:]}")
     res = subprocess.run([ncu, "--import", str(rep) + ".ncu-rep", "--csv", "--page", "raw", "--print-units", "base"],

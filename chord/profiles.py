@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+from chord import _env
 from chord._resources import profiles_dir
 from chord.knobs import FAMILIES, KNOB, KNOBS, Knob, Problem, Schedule, pairs_fit
 
@@ -100,7 +100,7 @@ def _profile_path(name_or_path: str) -> Path:
         if not p.is_file():
             raise ValueError(f"profile file {p} does not exist")
         return p
-    user = os.environ.get("CHORD_PROFILE_DIR")
+    user = _env.get("CHORD_PROFILE_DIR")
     if user and not Path(user).is_dir():
         raise ValueError(f"CHORD_PROFILE_DIR={user!r} is not a directory")
     roots = ([Path(user)] if user else []) + [profiles_dir()]
@@ -227,7 +227,7 @@ def default_deployment(num_experts: int, n: int, k: int, decode: bool = False) -
 
 def gpu_profile_name() -> str:
     """The profile file in use: $CHORD_PROFILE (default `h200`)."""
-    return os.environ.get("CHORD_PROFILE", "h200")
+    return _env.get("CHORD_PROFILE")
 
 
 def profile_for(family: str, num_experts: int, n: int, k: int, *, deployment: str | None = None,

@@ -12,11 +12,11 @@ row ranges (vLLM's tuning rows).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
+from chord import _env
 from chord._env import flag
 from chord.knobs import (K_BLOCK, KNOB, WGMMA_BLOCK_MS, WGMMA_BUILT_OTHER_REGS, Problem, Schedule, _check_family,
                          pairs_fit, wgmma_operand_regs)
@@ -212,7 +212,7 @@ def parse_policy(policy: "Policy | str") -> Policy:
 def current_policy() -> Policy:
     """$CHORD_POLICY (default ``profile``): the policy every caller's `select` uses, so a shape
     gets one decision whoever calls (chord.ops, chord bench, the humming root)."""
-    text = os.environ.get("CHORD_POLICY", "profile")
+    text = _env.get("CHORD_POLICY")
     try:
         return _parse_policy_text(text)
     except ValueError as exc:

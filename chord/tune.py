@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 from typing import Iterable
 
+from chord import _env
 from chord.schedule import (KNOB, MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS, Problem, Schedule, load_profile, pairs_fit,
                             profile_for, select)
 
@@ -614,8 +615,6 @@ def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, warmup_ms: float =
     weights' G), do_bench median of a CUDA-graph replay per repeat. Only where the bytes come from
     differs, so each G = 1 row says whether its output has the G = 8 output's bits
     (``same_bits``). Needs an sm_90 GPU."""
-    import os
-
     from chord.bench import inputs as I
     from chord.bench.suite import load_suite
     from chord.testing import same_bits
@@ -627,31 +626,24 @@ def time_layouts(gemms=LAYOUT_GEMMS, *, rep_ms: float = 30.0, warmup_ms: float =
         raise ValueError(f"time_layouts: repeats must be a positive int, got {repeats!r}")
     _check_timing_args("time_layouts", rep_ms, warmup_ms)
     rows = []
-    before = os.environ.get("CHORD_TILE_GROUP")
-    try:
-        for (scenario, family), group in _grouped_points(gemms).items():
-            calls = {}
-            for g in (8, 1):  # each layout packed once; chord.ops runs the kernel built for the weights' G
-                os.environ["CHORD_TILE_GROUP"] = str(g)
+    for (scenario, family), group in _grouped_points(gemms).items():
+        calls = {}
+        for g in (8, 1):  # each layout packed once; chord.ops runs the kernel built for the weights' G
+            with _env.override(CHORD_TILE_GROUP=g):  # the packing's cap; the weights carry their G after
                 sc, w13, w2, data, fi = I.one_scenario(suite_path, scenario, family, seed, "cuda", who="time_layouts")
                 calls[g] = {name: (n, k, prob, make) for name, n, k, prob, make in _gemm_calls(family, sc, data, fi, w13, w2)}
-            firsts: dict = {}
-            for rep in range(repeats):
-                for gemm in group:
-                    for g in (8, 1):  # interleaved, so drift over the run hits both alike
-                        n, k, prob, make = calls[g][gemm]
-                        s = select(profile_for(family, sc.experts, n, k), prob, "profile")
-                        out, t = _run_and_time(make, s, rep_ms, warmup_ms)
-                        first = firsts.setdefault(gemm, out.clone())
-                        rows.append({"scenario": scenario, "family": family, "gemm": gemm, "schedule": s.id,
-                                     "tile_group": g, "repeat": rep, "us": round(t.p50, 2),
-                                     "same_bits": int(same_bits(out, first))})
-            del calls, firsts
-    finally:
-        if before is None:
-            os.environ.pop("CHORD_TILE_GROUP", None)
-        else:
-            os.environ["CHORD_TILE_GROUP"] = before
+        firsts: dict = {}
+        for rep in range(repeats):
+            for gemm in group:
+                for g in (8, 1):  # interleaved, so drift over the run hits both alike
+                    n, k, prob, make = calls[g][gemm]
+                    s = select(profile_for(family, sc.experts, n, k), prob, "profile")
+                    out, t = _run_and_time(make, s, rep_ms, warmup_ms)
+                    first = firsts.setdefault(gemm, out.clone())
+                    rows.append({"scenario": scenario, "family": family, "gemm": gemm, "schedule": s.id,
+                                 "tile_group": g, "repeat": rep, "us": round(t.p50, 2),
+                                 "same_bits": int(same_bits(out, first))})
+        del calls, firsts
     return rows
 
 

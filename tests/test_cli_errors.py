@@ -187,14 +187,17 @@ def test_valid_arguments_reach_the_command(capsys, monkeypatch, tmp_path):
     """The checks let good values through, resolved: the default profile and policy's name."""
     from chord.bench import runner
 
+    from chord.selection import current_policy, parse_policy
+
     seen = {}
-    monkeypatch.setattr(runner, "main", lambda opts: seen.update(opts=opts) or 0)
+    monkeypatch.setattr(runner, "main", lambda opts: seen.update(opts=opts, policy=current_policy()) or 0)
     monkeypatch.setenv("CHORD_PROFILE", "h200-nofold")
-    monkeypatch.setenv("CHORD_POLICY", "profile")  # restored (to unset) after the test, whatever the run sets
+    monkeypatch.setenv("CHORD_POLICY", "profile")
     assert cli.main(["bench", "--scenarios", "tp8-m1", "--families", "indexed", "--policy", "heuristic",
                      "--out", str(tmp_path / "new" / "dir")]) == 0
     assert seen["opts"].profile_file == "h200-nofold" and seen["opts"].scenarios == "tp8-m1"
-    assert os.environ["CHORD_POLICY"] == "heuristic"
+    assert seen["policy"] == parse_policy("heuristic")  # every select() of the run saw --policy
+    assert os.environ["CHORD_POLICY"] == "profile" and current_policy() == parse_policy("profile")  # not exported
     assert not (tmp_path / "new").exists()  # checking creates nothing
 
 

@@ -31,6 +31,7 @@ check recorded if it lacked one). Only the collected schedules' cubins are packe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import re
@@ -171,8 +172,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.jobs is not None and a.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {a.jobs}")
-    if a.cache_dir is not None:
-        os.environ["CHORD_CACHE_DIR"] = str(a.cache_dir)
+    from chord import _env
+
+    # --cache-dir: chord.jit builds into it (an override every thread of the build sees)
+    cache = _env.override(CHORD_CACHE_DIR=a.cache_dir) if a.cache_dir is not None else contextlib.nullcontext()
+    with cache:
+        return _build(a, ap)
+
+
+def _build(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     records = a.record if a.record is not None else ([DEFAULT_RECORD] if DEFAULT_RECORD.exists() else [])
     try:
         scheds = collect(tests=not a.no_tests, tune_scenarios=a.tune, profile=a.profile, tune_suite=a.tune_suite,

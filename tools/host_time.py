@@ -21,7 +21,7 @@ waits for a full launch queue). Measured, for the scenario's gate_up and down GE
 
 Prints median and p90 in microseconds. --profile: the Chord profile file (profiles/<name>.json),
 by default the library's own ($CHORD_PROFILE, else h200: chord.schedule.gpu_profile_name); it
-is exported as $CHORD_PROFILE so Chord's humming root decides with the same file. --cprofile:
+is set as CHORD_PROFILE for the run (chord._env.override) so Chord's humming root decides with the same file. --cprofile:
 the trusted call under cProfile. --parts: the pieces of the Python side of one raw call, each
 timed alone (the validation memo key, the schedule id, the split-K buffer lookup, parameter
 packing, the raw stream).
@@ -37,10 +37,12 @@ from pathlib import Path
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line; `profile` resolved to the library's default profile when not given."""
+    from chord import _env
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", default="tp8-m1")
     ap.add_argument("--calls", type=int, default=2000, help="timed calls per measurement (>= 1)")
-    ap.add_argument("--humming-dir", default=os.environ.get("CHORD_HUMMING_DIR"))
+    ap.add_argument("--humming-dir", default=_env.get("CHORD_HUMMING_DIR"))
     ap.add_argument("--profile", default=None,
                     help="Chord profile file (profiles/<name>.json; default $CHORD_PROFILE or h200)")
     ap.add_argument("--cprofile", action="store_true", help="cProfile the trusted chord.ops call")
@@ -61,8 +63,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     a = parse_args()
-    os.environ["CHORD_PROFILE"] = a.profile  # Chord's humming root (profile_for) reads it
+    from chord import _env
 
+    with _env.override(CHORD_PROFILE=a.profile):  # Chord's humming root (profile_for) reads it
+        _measure(a)
+
+
+def _measure(a: argparse.Namespace) -> None:
     import torch
 
     from chord import jit, ops

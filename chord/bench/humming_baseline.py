@@ -104,10 +104,12 @@ class WrongHumming(RuntimeError):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from chord import _env
+
     p = argparse.ArgumentParser(
         prog="python -m chord.bench.humming_baseline",
         description="Time upstream humming-kernels 0.1.20 on a Chord suite, driven as vLLM 0.33 drives it.")
-    p.add_argument("--humming-dir", default=os.environ.get("CHORD_HUMMING_DIR"),
+    p.add_argument("--humming-dir", default=_env.get("CHORD_HUMMING_DIR"),
                    help="install dir of upstream humming-kernels (pip install --no-deps --target DIR "
                         "humming-kernels==0.1.20); default $CHORD_HUMMING_DIR")
     p.add_argument("--suite", default=None, help="suite JSON (default: the packaged kimi_k2_h200 suite)")

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from chord import _env
 from chord.bench import floors as F
 from chord.bench import inputs as I
 from chord.bench import report, timing
@@ -144,7 +145,7 @@ def now_utc() -> str:
 
 def git_commit(root: Path = REPO_ROOT) -> str:
     """The checkout's commit (+dirty), or $CHORD_COMMIT where the tree has no .git (a copied tree)."""
-    env = os.environ.get("CHORD_COMMIT")
+    env = _env.get("CHORD_COMMIT")
     if env:
         return env
     try:
@@ -335,7 +336,7 @@ def humming_env(humming_dir: str) -> dict:
     import chord
 
     chord_root = str(Path(chord.__file__).resolve().parents[1])
-    env = dict(os.environ)
+    env = _env.environ()  # what this process sees (a chord bench --policy included)
     parts = [str(Path(humming_dir).expanduser().resolve()), chord_root]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])

@@ -14,6 +14,7 @@ import io
 import os
 import tempfile
 
+from chord import _env
 from chord.workbench.data import gpu_available, recorded_file, recorded_results
 
 INSTALL_HINT = ("upstream Humming is not installed for the live comparison: "
@@ -24,7 +25,7 @@ INSTALL_HINT = ("upstream Humming is not installed for the live comparison: "
 
 def _install_dir(given: str | None = None) -> str | None:
     """The upstream install to compare with: `given`, else $CHORD_HUMMING_DIR (None: not set)."""
-    d = given or os.environ.get("CHORD_HUMMING_DIR") or None
+    d = given or _env.get("CHORD_HUMMING_DIR")
     return os.path.expanduser(d) if d else None
 
 

@@ -8,9 +8,9 @@ lives in the source repository's top-level ``results/`` folder (``results/index.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from chord import _env
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
 RESULTS_DIR = PACKAGE_DATA / "results"
 
@@ -212,7 +212,7 @@ def save_table(name: str, rows: list[dict], what: str, out_dir: str | Path | Non
     import csv
     import datetime
 
-    out_dir = out_dir or os.environ.get(DATA_OUT_ENV)
+    out_dir = out_dir or _env.get(DATA_OUT_ENV)
     if not out_dir or not rows:
         return None
     import torch

@@ -10,13 +10,13 @@ it ahead (`chord precompile` does not know these schedules).
 """
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
 
 from chord import ops, optimizations, reference, routing
+from chord import _env
 from chord.schedule import FAMILIES, KNOB, WGMMA_BLOCK_MS, Schedule, override
 from chord.testing import check_rows, poisoned, profile_rule_schedules, random_experts, run_cases
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):  # pragma: no cover
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs an sm_90 (Hopper) GPU")]
 
-CASES = int(os.environ.get("CHORD_FUZZ_CASES", "500"))
+CASES = _env.get("CHORD_FUZZ_CASES")  # default 500
 SKEWS = ("uniform", "zipf", "one_expert", "empty_experts")
 SAMPLED = 40  # knob-space schedules per family
 
