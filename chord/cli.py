@@ -213,16 +213,31 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def _int_list(text: str, flag: str) -> list[int]:
+    items = _args.split_list(text) or []
     try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
+        vals = [int(v) for v in items]
     except ValueError:
-        raise ValueError(f"{flag} must be a comma-separated list of positive ints, got {text!r}") from None
+        vals = []
     if not vals or any(v <= 0 for v in vals):
         raise ValueError(f"{flag} must be a comma-separated list of positive ints, got {text!r}")
     return vals
 
 
 SHAPE_FLAGS = ("experts", "n_gate_up", "k_gate_up", "n_down", "k_down")
+
+
+def _check_layer_shape(args: argparse.Namespace) -> None:
+    """A gated MoE layer in the swap16g layout: gate_up [E, 2I, H] and down [E, H, I], N a multiple
+    of 16 and K of 64 for both GEMMs (a typo is named here, before any GPU work)."""
+    from chord.formats import _check_swap16_nk
+
+    for n_flag, k_flag in (("n_gate_up", "k_gate_up"), ("n_down", "k_down")):
+        _check_swap16_nk("chord tune", "--" + n_flag.replace("_", "-"), getattr(args, n_flag),
+                         "--" + k_flag.replace("_", "-"), getattr(args, k_flag))
+    if args.n_down != args.k_gate_up or 2 * args.k_down != args.n_gate_up:
+        raise ValueError(f"a gated MoE layer has gate_up [E, 2I, H] and down [E, H, I]: --n-down must equal "
+                         f"--k-gate-up (H) and --k-down half of --n-gate-up (I), got gate_up N={args.n_gate_up}, "
+                         f"K={args.k_gate_up}, down N={args.n_down}, K={args.k_down}")
 
 
 def tune_selection(args: argparse.Namespace):
@@ -245,6 +260,7 @@ def tune_selection(args: argparse.Namespace):
         for f in SHAPE_FLAGS:
             if getattr(args, f) <= 0:
                 raise ValueError(f"--{f.replace('_', '-')} must be positive, got {getattr(args, f)}")
+        _check_layer_shape(args)
         if not args.deployment:
             raise ValueError("a shape needs --deployment NAME (the name its profile entries get, e.g. EP16)")
         flag = "--tok-e" if loads[0] == "tok_e" else "--tokens"

@@ -361,7 +361,8 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
         ref_fn()
         torch.cuda.synchronize()
         ref = ref_out.clone()
-        ref_err = _reference_check(gemm, sc, data, fi, ew)
+        ref_err = I.gemm_check(fi, data, ew, gemm,
+                               I.sample_routes(sc.rows, REFERENCE_ROWS, data.seed, data.device).to(data.device))
         err = ref_err(ref)
         if not err <= I.TOLERANCE:
             raise RuntimeError(f"chord tune: {sc.id} {family} {gemm}: the default schedule {default.id} disagrees "
@@ -411,21 +412,6 @@ def tune_suite(suite_path=None, scenario_ids: Iterable[str] | str | None = None,
 #: rows of the default schedule's output checked against the float32 reference before a tune
 #: trusts it (the bench's check, chord.bench.inputs.check_family_outputs, with its tolerance)
 REFERENCE_ROWS = 512
-
-
-def _reference_check(gemm: str, sc, data, fi, ew):
-    """A function `out -> relative error` against the float32 reference of this GEMM on a sample of
-    REFERENCE_ROWS routes (the reference is computed once)."""
-    from chord.bench import inputs as I
-
-    r = I.sample_routes(sc.rows, REFERENCE_ROWS, data.seed, data.device).to(data.device)
-    ex = I.route_experts(data.topk_ids, r)
-    if gemm == "gate_up":
-        want = I.reference_routes(ew.q13, ew.s13, data.x[r // sc.top_k], ex)
-    else:
-        want = I.reference_routes(ew.q2, ew.s2, data.down_in[r], ex)
-    rows = I.rows_of_routes(fi, r)
-    return lambda out: I.rel_err(out.reshape(-1, out.shape[-1])[rows], want)
 
 
 def same_arithmetic(s: Schedule, default: Schedule) -> bool:

@@ -304,3 +304,18 @@ def test_a_deployment_tuned_for_one_role_serves_every_role(tmp_path, monkeypatch
         pre = explain(profile_for("indexed", 16, 3072, 4096, role="prefill"), prob)
     assert pre.schedule == both.schedule and pre.role == "prefill"
     assert any("has no prefill rules" in r.getMessage() for r in caplog.records)
+
+
+def test_tune_refuses_a_layer_shape_it_cannot_pack_or_that_is_not_a_gated_moe():
+    import argparse
+
+    from chord.cli import tune_selection
+
+    base = dict(experts=16, n_gate_up=3072, k_gate_up=4096, n_down=4096, k_down=1536, tok_e="4", tokens=None,
+                top_k=8, deployment="X", suite=None, scenarios=None, families=None)
+    for kw, match in ((dict(n_gate_up=3080, k_down=1540), "--n-gate-up must have N .* divisible by 16"),
+                      (dict(k_gate_up=4100, n_down=4100), "--k-gate-up must have K .* divisible by 64"),
+                      (dict(n_down=7168), "--n-down must equal --k-gate-up"),
+                      (dict(k_down=2048), "--k-down half of --n-gate-up")):
+        with pytest.raises(ValueError, match=match):
+            tune_selection(argparse.Namespace(**dict(base, **kw)))

@@ -265,19 +265,29 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
 
 
+def gemm_check(fi: FamilyInputs, data: ScenarioData, weights: ExpertWeights, gemm: str,
+               routes: torch.Tensor):
+    """A function ``out -> relative error`` of one GEMM's output (``gemm``: "gate_up" or "down")
+    against the float32 reference on ``routes`` (the reference is computed once)."""
+    if gemm not in ("gate_up", "down"):
+        raise ValueError(f"gemm_check: gemm must be 'gate_up' or 'down', got {gemm!r}")
+    sc = data.scenario
+    ex = route_experts(data.topk_ids, routes)
+    r = routes.to(data.device)
+    if gemm == "gate_up":
+        want = reference_routes(weights.q13, weights.s13, data.x[r // sc.top_k], ex)
+    else:
+        want = reference_routes(weights.q2, weights.s2, data.down_in[r], ex)
+    rows = rows_of_routes(fi, r)
+    return lambda out: rel_err(out.reshape(-1, out.shape[-1])[rows], want)
+
+
 def check_family_outputs(fi: FamilyInputs, data: ScenarioData, weights: ExpertWeights,
                          gate_up_out: torch.Tensor, down_out: torch.Tensor,
                          routes: torch.Tensor) -> tuple[float, float]:
     """Relative errors of gate_up and down outputs against the float32 reference on ``routes``."""
-    sc = data.scenario
-    ex = route_experts(data.topk_ids, routes)
-    r = routes.to(data.device)
-    ref_gu = reference_routes(weights.q13, weights.s13, data.x[r // sc.top_k], ex)
-    ref_dn = reference_routes(weights.q2, weights.s2, data.down_in[r], ex)
-    rows = rows_of_routes(fi, r)
-    got_gu = gate_up_out.reshape(-1, gate_up_out.shape[-1])[rows]
-    got_dn = down_out.reshape(-1, down_out.shape[-1])[rows]
-    return rel_err(got_gu, ref_gu), rel_err(got_dn, ref_dn)
+    return (gemm_check(fi, data, weights, "gate_up", routes)(gate_up_out),
+            gemm_check(fi, data, weights, "down", routes)(down_out))
 
 
 # Pass bound of the relative Frobenius error (bf16 operands and output, fp32 accumulation): bf16
