@@ -1,8 +1,8 @@
 """Knobs, schedules and problems: the kernel library's vocabulary.
 
 :data:`KNOBS` defines every kernel knob once (its schedule-id token, default, legal values, the
-template slot it lands in, the optimization it stands for); a :class:`Schedule` holds one value
-per knob, checks them against the table and against the rules between knobs, and has a stable,
+name of the constant the rendered kernel reads, the optimization it stands for); a
+:class:`Schedule` (whose fields are generated from the table) holds one value per knob, checks them against the table and against the rules between knobs, and has a stable,
 readable id (``Schedule.from_id`` parses it back). A :class:`Problem` is the host-known integers
 of one GEMM call. The shared-memory and register arithmetic the checks need lives here too.
 """
@@ -34,7 +34,7 @@ def wgmma_operand_regs(block_m: int, ntw: int, group_steps: int) -> int:
     """Accumulator and A-operand registers per thread of a wgmma tile: ntw x block_m/2 fp32
     accumulators and two register sets of group_steps x ntw A fragments (4 registers each)."""
     return ntw * block_m // 2 + 2 * group_steps * ntw * 4
-WGMMA_PRODUCER_REGS = 88  # setmaxnreg of the producer warpgroup (WgmmaSwap64::kProducerRegs)
+WGMMA_PRODUCER_REGS = 88  # setmaxnreg of the producer warpgroup (WgmmaWarpSpecialized::kProducerRegs)
 WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)  # wgmma token tiles worth building (N = 8..256)
 
 
@@ -52,14 +52,17 @@ class Knob:
     ``token`` is its part of the schedule id; ``always`` knobs always appear there, the others
     only when they differ from ``default`` (so ids of older profiles still parse). ``off`` is the
     value that switches the optimization it stands for off (None: a shape knob, not an
-    optimization). ``slot`` names the template parameter of ``csrc/`` the value lands in.
+    optimization). ``cxx`` names the ``static constexpr`` member of the configuration struct that
+    ``chord.jit.render`` emits for a schedule (``struct ChordCfg { static constexpr int kBlockM = 8;
+    ... }``) and that the kernel parts of ``csrc/`` read by name: a value of (0, 1) becomes a ``bool``,
+    a text value an enumerator (``chord::Mainloop::kWgmma``), any other an ``int``.
     """
 
     name: str
     token: str
     default: object
     legal: tuple
-    slot: str
+    cxx: str
     doc: str
     always: bool = False
     off: object = None
@@ -69,76 +72,76 @@ class Knob:
 MAINLOOPS = ("mma", "wgmma")
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("block_m", "m", None, tuple(range(8, 257, 8)), "BT", "token rows per CTA tile (indexed: moe_align block size)",
+    Knob("block_m", "m", None, tuple(range(8, 257, 8)), "kBlockM", "token rows per CTA tile (indexed: moe_align block size)",
          always=True),
-    Knob("block_n", "n", None, tuple(range(16, 1025, 16)), "BN", "output features per CTA tile", always=True),
-    Knob("warps", "w", 4, (1, 2, 4, 8, 12, 16), "WARPS",
+    Knob("block_n", "n", None, tuple(range(16, 1025, 16)), "kBlockN", "output features per CTA tile", always=True),
+    Knob("warps", "w", 4, (1, 2, 4, 8, 12, 16), "kWarps",
          "warps per CTA; each owns block_n/16/warps 16-feature weight tiles (wgmma: 1, 2 or 4, whole warpgroups)",
          always=True),
-    Knob("stages", "s", 4, tuple(range(2, 13)), "STAGES", "K blocks of 64 in the cp.async ring", always=True),
-    Knob("ctas_per_sm", "c", 1, (1, 2, 3, 4), "__launch_bounds__ min blocks",
+    Knob("stages", "s", 4, tuple(range(2, 13)), "kStages", "K blocks of 64 in the cp.async ring", always=True),
+    Knob("ctas_per_sm", "c", 1, (1, 2, 3, 4), "kCtasPerSm",
          "CTAs per SM the register budget is sized for", always=True, off=1),
-    Knob("split_k", "sk", 1, (1, 2, 3, 4, 6, 8, 12, 16), "SPLIT",
+    Knob("split_k", "sk", 1, (1, 2, 3, 4, 6, 8, 12, 16), "kSplitK",
          "CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)", off=1),
-    Knob("mainloop", "", "mma", MAINLOOPS, "Mainloop",
+    Knob("mainloop", "", "mma", MAINLOOPS, "kMainloop",
          "mma: cp.async + mma.sync.m16n8k16; wgmma: cp.async + wgmma.m64nBTk16, weights in registers", off="mma"),
-    Knob("wgmma_wait", "wait", 1, (0, 1), "WAIT",
+    Knob("wgmma_wait", "wait", 1, (0, 1), "kWgmmaWait",
          "wgmma groups left in flight while the next K block is dequantized (batched wait_group 1)", off=0,
          requires=(("mainloop", "wgmma"),)),
-    Knob("producer", "ws", 0, (0, 1), "PRODUCER",
+    Knob("producer", "ws", 0, (0, 1), "kProducer",
          "wgmma: 1 = one producer warp feeds the ring through mbarriers (warp-specialized), 0 = every thread "
          "copies and a CTA barrier per K block publishes it", off=0, requires=(("mainloop", "wgmma"),)),
-    Knob("group_steps", "gs", 4, (1, 2, 4), "GS",
+    Knob("group_steps", "gs", 4, (1, 2, 4), "kGroupSteps",
          "wgmma: k16 steps per committed wgmma group (4: one group per K block; 1-2: 4/GS groups per block, "
          "two register sets of GS steps, for tiles whose accumulators leave no room for four steps)",
          requires=(("mainloop", "wgmma"),)),
-    Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "RASTER",
+    Knob("raster", "r", 0, (0, 2, 4, 8, 16, 32, 64), "kRaster",
          "token tiles per raster group walked over all N blocks (0: launch order)", off=0),
-    Knob("swap", "swap", 1, (0, 1), "SWAP",
+    Knob("swap", "swap", 1, (0, 1), "kSwap",
          "mma: 1 = operand swap (weights on the MMA M side, tokens on N in 8-token tiles), 0 = tokens on M in "
          "16-row tiles and weights on N (the swap's off side)", off=0, requires=(("mainloop", "mma"),)),
-    Knob("n_tiles", "nt", 1, (1, 2, 4, 8), "NTILES",
+    Knob("n_tiles", "nt", 1, (1, 2, 4, 8), "kNTilesPerCta",
          "consecutive N blocks one CTA walks through one continuous ring (the next tile loads while a "
          "tile's epilogue runs; for short K, where a one-tile CTA mostly fills and drains its ring)", off=1),
-    Knob("persistent", "ps", 0, (0, 1), "PERSISTENT",
+    Knob("persistent", "ps", 0, (0, 1), "kPersistent",
          "wgmma multistage: 1 = about one wave of CTAs walks every (token tile, n_tiles N blocks) item, one "
          "continuous ring across items (indexed: up to the device's num_tokens_post_padded), 0 = one CTA per "
          "item", off=0, requires=(("mainloop", "wgmma"),)),
-    Knob("stmatrix", "stm", 1, (0, 1), "STMATRIX",
+    Knob("stmatrix", "stm", 1, (0, 1), "kStmatrix",
          "epilogue: 1 = fragments to the staged bf16 tile with stmatrix.trans (one instruction per 2 x 64 values "
          "of a warp), 0 = one 16-bit shared store per value (same output bits); split-K tiles stage through "
          "the fix-up instead", off=0, requires=(("swap", 1), ("split_k", 1))),
-    Knob("bulk_w", "bw", 0, (0, 1), "BULK_W",
+    Knob("bulk_w", "bw", 0, (0, 1), "kBulkW",
          "wgmma multistage: 1 = thread 0 moves each stage's swap16 words and scales with the copy engine "
          "(cp.async.bulk: one 4 KB and one 512-byte run per 128 features, completing on the slot's mbarrier), "
          "0 = every thread's 16-byte cp.async copies", off=0, requires=(("mainloop", "wgmma"),)),
-    Knob("tma_x", "tx", 0, (0, 1), "TMA_X",
+    Knob("tma_x", "tx", 0, (0, 1), "kTmaX",
          "wgmma multistage, grouped families: 1 = the stage's block_m x 64 activation box in one TMA copy "
          "(cp.async.bulk.tensor through a tensor map of x), 0 = every thread's 16-byte cp.async copies",
          off=0, requires=(("mainloop", "wgmma"),)),
-    Knob("cluster_n", "cn", 1, (1, 2), "CLUSTER_N",
+    Knob("cluster_n", "cn", 1, (1, 2), "kClusterN",
          "2 = CTA pairs: the kernel is launched in clusters of two CTAs that take neighbouring N blocks of one "
          "token tile, so the hardware runs the pair at the same time on one GPC and its token rows are read "
          "from L2 by both together (no data is exchanged); 1 = CTAs in grid order", off=1),
-    Knob("pdl", "pd", 0, (0, 1), "PDL",
+    Knob("pdl", "pd", 0, (0, 1), "kPdl",
          "1 = programmatic dependent launch: launched with programmatic stream serialization, the kernel waits "
          "for the previous grid on the stream (griddepcontrol.wait) before its first global access and then "
          "lets the next grid launch, so back-to-back GEMMs overlap one's tail with the next one's launch and "
          "CTA start; 0 = plain stream order", off=0),
-    Knob("stream_k", "stk", 0, (0, 1), "STREAMK",
+    Knob("stream_k", "stk", 0, (0, 1), "kStreamK",
          "mma, indexed: 1 = stream-K: about one wave of CTAs splits the (token block, N block, K block) units "
          "of the device's valid blocks (up to num_tokens_post_padded, so work and bytes follow the active "
          "experts) into equal contiguous ranges walked through one continuous ring; a tile shared by several "
          "CTAs meets as fp32 partials in a bounded workspace (two tiles per CTA) and the last CTA to arrive "
          "sums them in CTA order (deterministic) in the same pass; 0 = one CTA per tile (or split_k)", off=0,
          requires=(("mainloop", "mma"),)),
-    Knob("queue", "dq", 0, (0, 1), "PERSISTENT",
+    Knob("queue", "dq", 0, (0, 1), "kQueue",
          "persistent=1: 0 = semi-static token slicing: each CTA's items are fixed by the schedule and the "
          "device's routing (item blockIdx.x, then a stride of gridDim.x); 1 = a dynamic work queue: the first "
          "item is blockIdx.x, every later one is claimed with an atomic counter (p.counters, reset by the "
          "grid's last CTA), so CTAs that finish early take the remaining items", off=1,
          requires=(("persistent", 1),)),
-    Knob("fold", "fo", 0, (0, 1), "FOLD",
+    Knob("fold", "fo", 0, (0, 1), "kFold",
          "mma, operand swap: 1 = the int4 code bias and the group scale are applied to fp32 partial sums, once "
          "per 32-K group and output element: the weights enter the MMA as the exact bf16 codes 128 + u, each "
          "group's partial starts from -136 * sum(x) (one MMA per token tile shared by the warp's weight tiles) "
@@ -162,33 +165,25 @@ def _illegal_value(knob: Knob, value) -> str:
     return f"{knob.name} must be {what}, got {value}"
 
 
-@dataclass(frozen=True)
+def _knob_fields(cls):
+    """Makes `cls` a frozen dataclass with one field per row of :data:`KNOBS` after its own
+    (``family``), in the table's order, each with the row's default (None: required)."""
+    notes = dict(cls.__dict__.get("__annotations__", {}))
+    for knob in KNOBS:
+        notes[knob.name] = "str" if isinstance(knob.default, str) else "int"
+        if knob.default is not None:
+            setattr(cls, knob.name, knob.default)
+    cls.__annotations__ = notes
+    return dataclass(frozen=True)(cls)
+
+
+@_knob_fields
 class Schedule:
-    """Every knob of one kernel instantiation (see :data:`KNOBS`). ``id`` is stable and readable."""
+    """Every knob of one kernel instantiation: ``family`` and one field per row of :data:`KNOBS`
+    (``block_m``, ``block_n``, ``warps``, ``stages``, ``ctas_per_sm``, ``split_k``, ``mainloop``, ...
+    in the table's order, with its defaults). ``id`` is stable and readable."""
 
     family: str
-    block_m: int  # token rows per CTA tile (indexed: = moe_align block size)
-    block_n: int  # output features per CTA
-    warps: int = 4  # warps per CTA; each owns block_n / warps features
-    stages: int = 4  # cp.async pipeline depth (K blocks of 64 in flight)
-    ctas_per_sm: int = 1  # __launch_bounds__ min blocks per SM (register budget)
-    split_k: int = 1  # CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)
-    mainloop: str = "mma"  # "mma" (mma.sync) or "wgmma" (warpgroup MMA, sm_90a)
-    wgmma_wait: int = 1  # wgmma groups in flight while the next K block is dequantized
-    producer: int = 0  # wgmma: 1 = a producer warp + mbarriers (warp-specialized)
-    group_steps: int = 4  # wgmma: k16 steps per committed group (4: one per K block)
-    raster: int = 0  # token tiles per raster group (0: launch order)
-    swap: int = 1  # mma: 1 = weights on the MMA M side (operand swap), 0 = tokens on M (16-row tiles)
-    n_tiles: int = 1  # consecutive N blocks per CTA, one continuous ring
-    stmatrix: int = 1  # epilogue: stmatrix.trans fragment stores (0: one 16-bit store per value)
-    persistent: int = 0  # wgmma multistage: ~one wave of CTAs walks every tile through one ring
-    bulk_w: int = 0  # wgmma multistage: weights and scales by bulk copies (cp.async.bulk)
-    tma_x: int = 0  # wgmma multistage, grouped families: the activation box by one TMA tensor copy
-    cluster_n: int = 1  # CTA pairs: clusters of two CTAs on neighbouring N blocks of one token tile
-    pdl: int = 0  # programmatic dependent launch (griddepcontrol; launched with programmatic serialization)
-    stream_k: int = 0  # mma, indexed: ~one wave of CTAs splits the valid (tile, K block) units evenly
-    queue: int = 0  # persistent: 0 = the static walk (semi-static slicing), 1 = items claimed from a work queue
-    fold: int = 0  # mma, swap: bias and group scale applied to fp32 group partial sums (0: to every bf16 pair)
 
     def __post_init__(self) -> None:
         _check_family(self.family)
@@ -384,11 +379,17 @@ def _id_part(knob: Knob, value) -> str:
     return value if isinstance(knob.default, str) else f"{knob.token}{value}"
 
 
+# What a schedule id looks like, from the table: the head, then each optional knob's part.
+_ID_FORM = "idx-m16n128k64-w4-s4-c1" + "".join(
+    f"[-{k.legal[-1] if isinstance(k.default, str) else k.token + str(next(v for v in reversed(k.legal) if v != k.default))}]"
+    for k in KNOBS if not k.always)
+
+
 @lru_cache(maxsize=512)
 def _parse_id(text: str) -> Schedule:
     m = _ID_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"schedule id {text!r} is not of the form idx-m16n128k64-w4-s4-c1[-sk4][-wgmma][-wait0][-ws1][-gs1][-r8][-swap0][-nt4][-ps1][-stm0][-bw1][-tx1][-cn2][-pd1][-stk1][-fo1]")
+        raise ValueError(f"schedule id {text!r} is not of the form {_ID_FORM}")
     tag, bm, bn, w, s, c, tail = m.groups()
     extra: dict = {}
     for part in filter(None, tail.split("-")):

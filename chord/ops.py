@@ -523,7 +523,7 @@ def _resident_ctas(sched: Schedule, qweight: torch.Tensor, n: int, dev: int) -> 
 @functools.lru_cache(maxsize=256)
 def _x_tensor_map(address: int, rows: int, k: int, block_m: int) -> bytes:
     """The tensor map of activations [rows, k] (bf16, contiguous) for a tma_x kernel: boxes of
-    block_m rows x one 64-wide K block, 128-byte swizzle (csrc/mainloop/wgmma_swap64.cuh). Cached
+    block_m rows x one 64-wide K block, 128-byte swizzle (csrc/mainloop/wgmma_tile.cuh). Cached
     per (address, shape, box): vLLM and CUDA graphs call again on the same buffers."""
     return jit.encode_tensor_map_2d(address, rows, k, k * 2, block_m, K_BLOCK)
 

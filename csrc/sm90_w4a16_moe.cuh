@@ -1,7 +1,11 @@
-// A W4A16 MoE GEMM kernel put together from its parts:
+// A W4A16 MoE GEMM kernel put together from its parts, for one configuration struct `Cfg` that
+// chord.jit renders from a Schedule (one named constant per knob of chord.schedule.KNOBS:
+// Cfg::kBlockM, Cfg::kSplitK, ...):
 //   family (row source: indexed / grouped_contiguous / grouped_masked, moe/rows.cuh)
-//   x main loop (MmaSwap16: cp.async + mma.sync; WgmmaSwap64: cp.async + wgmma, multistage or
-//     with a producer warp and mbarriers; mainloop/)
+//   x main loop (mainloop/, one part each, chosen by MainloopFor: MmaSwap16, cp.async +
+//     mma.sync; WgmmaMultistage, cp.async + wgmma with a CTA barrier per K block;
+//     WgmmaWarpSpecialized, a producer warpgroup and mbarriers; the two wgmma loops share
+//     WgmmaTile)
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
 //   x N tiles per CTA (NTILES) x epilogue fragment stores (STMATRIX, moe/epilogue.cuh)
 //   x persistent CTAs (PERSISTENT: a grid of about one wave walks every tile, moe/rows.cuh
@@ -30,7 +34,8 @@
 #include "common/params.cuh"
 #include "common/tma.cuh"
 #include "mainloop/mma_swap16.cuh"
-#include "mainloop/wgmma_swap64.cuh"
+#include "mainloop/wgmma_multistage.cuh"
+#include "mainloop/wgmma_warp_specialized.cuh"
 #include "moe/epilogue.cuh"
 #include "moe/rows.cuh"
 #include "moe/stream_k.cuh"
@@ -42,15 +47,34 @@ struct MaxOf {
   static constexpr int value = A > B ? A : B;
 };
 
-// Whether a main loop reads the activations through a tensor map (WgmmaSwap64::kTmaX).
+// The main loop part a configuration names: mainloop mma -> MmaSwap16; wgmma -> WgmmaMultistage,
+// or WgmmaWarpSpecialized with producer = 1.
+template <class Cfg>
+struct MainloopFor {
+  using type = std::conditional_t<Cfg::kMainloop == Mainloop::kMma, MmaSwap16<Cfg>,
+                                  std::conditional_t<Cfg::kProducer, WgmmaWarpSpecialized<Cfg>, WgmmaMultistage<Cfg>>>;
+};
+
+// Whether a main loop reads the activations through a tensor map (WgmmaMultistage::kTmaX).
 template <class M, class = void>
 struct UsesTmaX : std::false_type {};
 template <class M>
 struct UsesTmaX<M, std::void_t<decltype(M::kTmaX)>> : std::bool_constant<M::kTmaX> {};
 
-template <Family F, int BT, int BN, class Mainloop, int SPLIT = 1, int RASTER = 0, int NTILES = 1, bool STMATRIX = true,
-          int PERSISTENT = 0, int CLUSTER_N = 1, bool PDL = false, bool STREAMK = false>
+template <class Cfg>
 struct MoeKernel {
+  static constexpr Family F = Cfg::kFamily;
+  static constexpr int BT = Cfg::kBlockM;
+  static constexpr int BN = Cfg::kBlockN;
+  static constexpr int SPLIT = Cfg::kSplitK;
+  static constexpr int RASTER = Cfg::kRaster;
+  static constexpr int NTILES = Cfg::kNTilesPerCta;
+  static constexpr bool STMATRIX = Cfg::kStmatrix;
+  static constexpr int PERSISTENT = Cfg::kPersistent ? (Cfg::kQueue ? 2 : 1) : 0;
+  static constexpr int CLUSTER_N = Cfg::kClusterN;
+  static constexpr bool PDL = Cfg::kPdl;
+  static constexpr bool STREAMK = Cfg::kStreamK;
+  using Mainloop = typename MainloopFor<Cfg>::type;
   // PERSISTENT: 0 = one CTA per item; 1 = about one wave walks the items with a static stride;
   // 2 = the same walk with later items claimed from a work queue (moe/rows.cuh TileWalker DYNAMIC)
   static_assert(PERSISTENT >= 0 && PERSISTENT <= 2, "PERSISTENT is 0, 1 (static walk) or 2 (work queue)");
@@ -114,7 +138,9 @@ struct MoeKernel {
         store_stream_k<BT, BN, kThreads, Mainloop::kMmaWarps, Mainloop::kNTW, Mainloop::kSwapped, STMATRIX>(
             p, plan, a, t, seg_begin, seg_end, sk_rows.out_row[slot], smem + kEpiOffset);
       };
-      Mainloop::run_stream(p, plan, sk_rows, smem, acc, epilogue);
+      StreamKRowSource<BT, kThreads> rows(sk_rows);  // the routing walk (moe/stream_k.cuh)
+      static_assert(decltype(rows)::kXIters == Mainloop::kXIters, "stream-K: the row source follows the copy plan");
+      Mainloop::run_stream(p, plan, rows, smem, acc, epilogue);
       return;
     }
     if constexpr (PERSISTENT) {

@@ -4,59 +4,71 @@ CI here)."""
 import errno
 import hashlib
 import os
+import re
 import shutil
 
 import pytest
 
 from chord import jit
-from chord.schedule import Schedule, load_profile_file
+from chord.schedule import KNOBS, Schedule, load_profile_file
 
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None and not os.environ.get("CHORD_NVCC") and not os.environ.get("CI"),
     reason="nvcc not installed (CI always has it and never skips this)")
 
 
+def _cfg(src: str) -> dict:
+    """The rendered configuration struct's constants by name."""
+    body = src[src.index("struct ChordCfg {"):src.index("};", src.index("struct ChordCfg {"))]
+    return dict(re.findall(r"static constexpr \S+ (k\w+) = ([^;]+);", body))
+
+
 def test_render_composes_family_mainloop_and_knobs():
     s = Schedule("grouped_masked", 16, 128, 4, 6, 2)
     src = jit.render(s)
     assert '#include "sm90_w4a16_moe.cuh"' in src
-    # (..., SPLIT, RASTER, NTILES, STMATRIX, PERSISTENT (0-2), CLUSTER_N, PDL, STREAMK)
-    assert "chord::MoeKernel<chord::Family::kMasked, 16, 128, chord::MmaSwap16<16, 128, 4, 6, true>, 1, 0, 1, true, 0, 1, false, false>" in src
-    assert "MmaSwap16<8, 64, 4, 8, true>, 4, 0, 1, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4))
-    assert "MmaSwap16<8, 128, 4, 6, true>, 1, 0, 4, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4))
-    assert "MmaSwap16<16, 256, 4, 8, false>, 1, 0, 1, true, 0, 1, false, false>" in jit.render(Schedule("indexed", 16, 256, 4, 8, 1, swap=0))
-    # folded group scales: the main loop's FOLD slot (after SWAP), left out when off
-    assert "MmaSwap16<8, 256, 4, 8, true, true>, 1, 0, 1, true" in jit.render(Schedule("indexed", 8, 256, 4, 8, 1, fold=1))
-    assert "__launch_bounds__(128, 2)" in src and s.id in src
-    # the epilogue's fragment stores: stmatrix.trans by default, one 16-bit store per value off
-    assert "true>, 1, 0, 1, false, 0, 1, false, false>" in jit.render(Schedule("grouped_masked", 16, 128, 4, 6, 2, stmatrix=0))
-    # persistent CTAs: the slot before the CTA pairs
+    assert "using ChordKernel = chord::MoeKernel<ChordCfg>;" in src
+    cfg = _cfg(src)
+    # one named constant per knob, in the table's order, plus the family
+    assert list(cfg) == ["kFamily"] + [k.cxx for k in KNOBS]
+    assert cfg["kFamily"] == "chord::Family::kMasked" and cfg["kMainloop"] == "chord::Mainloop::kMma"
+    assert (cfg["kBlockM"], cfg["kBlockN"], cfg["kWarps"], cfg["kStages"], cfg["kCtasPerSm"]) == ("16", "128", "4", "6", "2")
+    assert (cfg["kSwap"], cfg["kFold"], cfg["kStmatrix"], cfg["kPdl"]) == ("true", "false", "true", "false")
+    assert _cfg(jit.render(Schedule("indexed", 8, 64, 4, 8, 1, 4)))["kSplitK"] == "4"
+    assert _cfg(jit.render(Schedule("indexed", 8, 128, 4, 6, 1, n_tiles=4)))["kNTilesPerCta"] == "4"
+    assert _cfg(jit.render(Schedule("indexed", 16, 256, 4, 8, 1, swap=0)))["kSwap"] == "false"
+    assert _cfg(jit.render(Schedule("indexed", 8, 256, 4, 8, 1, fold=1)))["kFold"] == "true"
+    assert "__launch_bounds__(ChordKernel::kThreads, ChordCfg::kCtasPerSm)" in src and s.id in src
+    assert _cfg(jit.render(Schedule("grouped_masked", 16, 128, 4, 6, 2, stmatrix=0)))["kStmatrix"] == "false"
+    # persistent CTAs and the work queue: two knobs, two names (MoeKernel combines them)
     ps = Schedule("indexed", 96, 128, 8, 5, 1, mainloop="wgmma", raster=8, n_tiles=4, persistent=1)
     assert ps.id == "idx-m96n128k64-w8-s5-c1-wgmma-r8-nt4-ps1"
-    assert "8, 4, 0, 0>, 1, 8, 4, true, 1, 1, false, false>" in jit.render(ps)
+    cfg = _cfg(jit.render(ps))
+    assert (cfg["kPersistent"], cfg["kQueue"], cfg["kRaster"], cfg["kMainloop"]) == (
+        "true", "false", "8", "chord::Mainloop::kWgmma")
+    assert _cfg(jit.render(Schedule.from_id(ps.id + "-dq1")))["kQueue"] == "true"
     wg = Schedule("indexed", 128, 256, 16, 4, 1, mainloop="wgmma", wgmma_wait=0, raster=8)
     src = jit.render(wg)
+    assert _cfg(src)["kWgmmaWait"] == "false" and "TmaDescriptor" not in src
     wide = Schedule("indexed", 32, 512, 8, 8, 1, mainloop="wgmma", group_steps=1)
-    assert "chord::WgmmaSwap64<32, 512, 8, 1, 0, 8, 1, 0, 0>, 1, 0, 1, true, 0, 1, false, false>" in jit.render(wide)
-    assert "chord::WgmmaSwap64<128, 256, 4, 0, 0, 16, 4, 0, 0>, 1, 8, 1, true, 0, 1, false, false>" in src and "__launch_bounds__(512, 1)" in src
-    assert "TmaDescriptor" not in src
-    # bulk copies: the last two main-loop slots; a TMA_X kernel takes the tensor map as a second parameter
+    assert _cfg(jit.render(wide))["kGroupSteps"] == "1"
+    # bulk copies; a TMA_X kernel takes the tensor map as a second parameter
     bulk = Schedule("grouped_contiguous", 256, 128, 8, 5, 1, mainloop="wgmma", raster=8, bulk_w=1, tma_x=1)
     assert bulk.id == "gcon-m256n128k64-w8-s5-c1-wgmma-r8-bw1-tx1" and Schedule.from_id(bulk.id) == bulk
     src = jit.render(bulk)
-    assert "chord::WgmmaSwap64<256, 128, 5, 1, 0, 8, 4, 1, 1>" in src
+    assert (_cfg(src)["kBulkW"], _cfg(src)["kTmaX"]) == ("true", "true")
     assert "const __grid_constant__ chord::TmaDescriptor xmap" in src and "ChordKernel::run(p, &xmap);" in src
     src = jit.render(Schedule("indexed", 128, 256, 8, 4, 1, mainloop="wgmma", group_steps=2, bulk_w=1))
-    assert "chord::WgmmaSwap64<128, 256, 4, 1, 0, 8, 2, 1, 0>" in src and "TmaDescriptor" not in src
-    # CTA pairs: the kernel's last slot and its compile-time cluster shape
+    assert (_cfg(src)["kBulkW"], _cfg(src)["kTmaX"]) == ("true", "false") and "TmaDescriptor" not in src
+    # CTA pairs: the compile-time cluster shape reads the same name
     cl = Schedule("grouped_masked", 32, 256, 4, 8, 2, mainloop="wgmma", group_steps=2, tma_x=1, cluster_n=2)
     assert cl.id == "gmsk-m32n256k64-w4-s8-c2-wgmma-gs2-tx1-cn2"
     src = jit.render(cl)
-    assert "chord::WgmmaSwap64<32, 256, 8, 1, 0, 4, 2, 0, 1>, 1, 0, 1, true, 0, 2, false, false>" in src
-    assert "__cluster_dims__(1, 2, 1) __launch_bounds__(128, 2)" in src
+    assert _cfg(src)["kClusterN"] == "2"
+    assert "__cluster_dims__(1, ChordCfg::kClusterN, 1) __launch_bounds__(ChordKernel::kThreads, ChordCfg::kCtasPerSm)" in src
     assert "__cluster_dims__" not in jit.render(bulk)
-    # programmatic dependent launch: the slot after the CTA pairs
-    assert "true, 0, 2, true, false>;" in jit.render(Schedule.from_id(cl.id + "-pd1"))
+    assert _cfg(jit.render(Schedule.from_id(cl.id + "-pd1")))["kPdl"] == "true"
+    assert _cfg(jit.render(Schedule.from_id("idx-m8n128k64-w4-s6-c1-stk1")))["kStreamK"] == "true"
 
 
 def test_render_states_python_facts_for_the_compiler():

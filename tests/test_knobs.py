@@ -1,7 +1,9 @@
 """The knob table checks every knob: a Schedule refuses any value outside a knob's ``legal`` row,
 whatever knob it is, and the split modules (knobs, profiles, selection) stay behind one facade."""
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +78,44 @@ def test_importing_the_schedule_modules_stays_light():
     assert not [m for m in out if m.startswith(("torch", "humming"))], out
     assert set(out) <= {"chord", "chord._env", "chord._resources", "chord.knobs", "chord.profiles",
                         "chord.selection", "chord.schedule", "chord.deployments", "chord.cost"}, out
+
+
+# --- one row per knob: a knob is its KNOBS row, its C++ use and its chord.optimizations entry ---
+
+
+def _csrc_text() -> str:
+    from chord._resources import csrc_dir
+
+    return "\n".join(p.read_text() for p in sorted(Path(csrc_dir()).rglob("*.cuh")))
+
+
+def test_schedule_fields_come_from_the_table():
+    import dataclasses
+
+    fields = dataclasses.fields(Schedule)
+    assert [f.name for f in fields] == ["family"] + [k.name for k in KNOBS]
+    for f, knob in zip(fields[1:], KNOBS):
+        want = dataclasses.MISSING if knob.default is None else knob.default
+        assert f.default == want, knob.name
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
+def test_every_knob_has_its_cxx_use(knob):
+    """The rendered configuration names the knob, and a part of csrc/ (or the rendered kernel's
+    declaration, for the launch bounds and the cluster shape) reads that name."""
+    from chord import jit
+
+    assert re.fullmatch(r"k[A-Z][A-Za-z0-9]*", knob.cxx), knob.cxx
+    assert len({k.cxx for k in KNOBS}) == len(KNOBS)
+    rendered = jit.render(Schedule.from_id("gmsk-m32n256k64-w4-s8-c2-wgmma-gs2-tx1-cn2"))
+    assert re.search(rf"static constexpr \S+ {knob.cxx} = ", rendered), knob.cxx
+    used = re.search(rf"\bCfg::{knob.cxx}\b", _csrc_text()) or re.search(rf"\bChordCfg::{knob.cxx}\b", rendered)
+    assert used, f"knob {knob.name}: no part of csrc/ reads Cfg::{knob.cxx}"
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k.off is not None], ids=lambda k: k.name)
+def test_every_optimization_knob_has_its_entry(knob):
+    from chord.optimizations import OPTIMIZATIONS
+
+    assert any(o.kind == "knob" and o.knob == knob.name for o in OPTIMIZATIONS), (
+        f"knob {knob.name} has an off value but no chord.optimizations entry")

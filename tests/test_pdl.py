@@ -39,7 +39,7 @@ def test_knob_id_round_trip_and_off_side():
 def test_render_passes_pdl_to_the_kernel_template():
     on = jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1-pd1"))
     off = jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1"))
-    assert "1, true, false>;" in on and "1, false, false>;" in off  # (..., CLUSTER_N, PDL, STREAMK)
+    assert "static constexpr bool kPdl = true;" in on and "static constexpr bool kPdl = false;" in off
 
 
 def test_launch_structures_match_cuda_h():

@@ -389,7 +389,8 @@ def test_stream_k_knob():
             Schedule.from_id(bad)
     assert Schedule.from_id("idx-m16n64k64-w4-s8-c1-swap0-stk1").swap == 0  # the swap's ablation applies
     on, off = jit.render(s), jit.render(Schedule.from_id("idx-m8n64k64-w4-s8-c1-pd1"))
-    assert "1, true, true>;" in on and "1, true, false>;" in off  # (..., CLUSTER_N, PDL, STREAMK)
+    assert "static constexpr bool kStreamK = true;" in on and "static constexpr bool kStreamK = false;" in off
+    assert "static constexpr bool kPdl = true;" in on and "static constexpr bool kPdl = true;" in off
 
 
 def test_fold_knob_id_and_refusals():

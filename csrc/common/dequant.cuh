@@ -24,7 +24,7 @@ __device__ __forceinline__ void dequant_swap16(uint32_t word, __nv_bfloat162 s_l
   }
 }
 
-// The folded path (MmaSwap16<..., FOLD = true>): the same A registers holding the bf16 values
+// The folded path (MmaSwap16 with Cfg::kFold): the same A registers holding the bf16 values
 // 128 + u (exact) with neither the bias nor the scale applied. The MMA of a 32-K scale group then
 // starts from -136 * sum(x) (an MMA of the constant -136 with the group's activations) so its
 // fp32 partial sum is sum((u - 8) * x) = sum(q * x), and the scale multiplies that partial sum once.

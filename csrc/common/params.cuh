@@ -81,6 +81,10 @@ struct Swap16Layout {
 
 enum class Family : int { kIndexed = 0, kContiguous = 1, kMasked = 2 };
 
+// The main loop a schedule names (chord.schedule knob `mainloop`, Cfg::kMainloop); which part of
+// mainloop/ runs it also depends on Cfg::kProducer (sm90_w4a16_moe.cuh, MainloopFor).
+enum class Mainloop : int { kMma = 0, kWgmma = 1 };
+
 // The "no tile walker" of a main loop's run(): one CTA per tile (the launched grid). A persistent
 // CTA passes moe/rows.cuh's TileWalker instead.
 struct NoWalker {};

@@ -163,4 +163,15 @@ __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t v) {
   return *reinterpret_cast<__nv_bfloat162*>(&v);
 }
 
+// Barrier over the first THREADS threads: the whole CTA (ALL) or a named barrier of the warps
+// that run the epilogue (a producer warpgroup has left by then).
+template <int THREADS, bool ALL>
+__device__ __forceinline__ void epilogue_sync() {
+  if constexpr (ALL) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+  }
+}
+
 }  // namespace chord

@@ -18,8 +18,16 @@
 
 namespace chord {
 
-template <int BT, int BN, int WARPS, int STAGES, bool SWAP = true, bool FOLD = false>
+// Cfg: the schedule's configuration struct (chord.jit.render_config); this part reads block_m,
+// block_n, warps, stages, swap and fold.
+template <class Cfg>
 struct MmaSwap16 {
+  static constexpr int BT = Cfg::kBlockM;
+  static constexpr int BN = Cfg::kBlockN;
+  static constexpr int WARPS = Cfg::kWarps;
+  static constexpr int STAGES = Cfg::kStages;
+  static constexpr bool SWAP = Cfg::kSwap;
+  static constexpr bool FOLD = Cfg::kFold;
   // FOLD: the code bias and the group scale are applied to fp32 partial sums, once per 32-K group
   // and output element, instead of to every dequantized bf16 pair (compute_stage_folded).
   static_assert(!FOLD || SWAP, "mma main loop: FOLD needs the operand swap (weights on the MMA M side)");
@@ -314,10 +322,9 @@ struct MmaSwap16 {
 
   // Stream-K (moe/stream_k.cuh): units [plan.u0, plan.u1) in order, one continuous ring across
   // tiles, token blocks and experts. The loads run STAGES-1 units ahead; when they enter a token
-  // block they take its expert and sorted ids from registers loaded when they entered the block
-  // before (only the CTA's first block waits for its routing), write its output rows to
-  // rows.out_row[b & 1] and start loading the next block's. A block without a local expert loads
-  // nothing (its MMAs run on stale shared memory and are never stored). After the last unit of each
+  // block, the row source (StreamKRowSource: this loop reads no routing itself) gives each
+  // activation chunk its input row. A block without a local expert loads nothing (its MMAs run
+  // on stale shared memory and are never stored). After the last unit of each
   // segment, epilogue(t, seg_begin, seg_end, b & 1, acc) runs while the next units' copies are in
   // flight (its shared memory lies after the ring).
   template <class Plan, class Rows, class Epilogue>
@@ -343,46 +350,19 @@ struct MmaSwap16 {
       const int r = (c / 8) % BT, ch = c % 8;
       xdst[it] = x_offset(r, ch);
     }
-    // routing of the next token block, loaded a block ahead
-    int pf_b = -1, pf_e = -1;
-    int32_t pf_id[kXIters];
-    auto fetch = [&](int b) {
-      pf_b = b;
-      pf_e = p.expert_ids[b];
-#pragma unroll
-      for (int it = 0; it < kXIters; ++it) {
-        const int c = tid + it * T;
-        pf_id[it] = (kXChunks % T == 0 || c < kXChunks) ? p.sorted_ids[static_cast<int64_t>(b) * BT + (c / 8) % BT] : -1;
-      }
-    };
-    int l_b = -1, l_e = -1;  // token block and expert the loads are in
-    auto enter = [&](int b) {
-      if (pf_b != b) fetch(b);
-      l_b = b;
-      l_e = pf_e >= 0 && pf_e < p.num_experts ? pf_e : -1;
-      const int slot = b & 1;
-#pragma unroll
-      for (int it = 0; it < kXIters; ++it) {
-        const int c = tid + it * T;
-        if (kXChunks % T == 0 || c < kXChunks) {
-          const int r = (c / 8) % BT, ch = c % 8;
-          const int id = pf_id[it];
-          const bool valid = l_e >= 0 && id >= 0 && id < p.num_valid_ids;
-          xvalid[it] = valid;  // (32-bit division: sorted ids are int32)
-          xsrc[it] = p.x + (valid ? static_cast<int64_t>(id / static_cast<int>(p.top_k)) * K + ch * 8 : 0);
-          if (ch == 0) rows.out_row[slot][r] = valid ? id : -1;
-        }
-      }
-      if (tid == 0) rows.expert[slot] = l_e;
-      if ((b + 1) * plan.units_per_block() < plan.u1) fetch(b + 1);
-    };
     // Points the loads at tile t (K block 0; each K block adds kb strides).
     auto aim = [&](int t) {
       const int b = t / Y;
       const int nb = t - b * Y;
-      if (b != l_b) enter(b);
-      if (l_e < 0) return;
-      const Swap16Layout<kNTiles> lay(p, l_e);
+      if (b != rows.block()) {
+        rows.enter(p, plan, b, [&](int it, bool valid, int64_t in_row) {
+          const int ch = (tid + it * T) % 8;
+          xvalid[it] = valid;
+          xsrc[it] = p.x + (valid ? in_row * K + ch * 8 : 0);
+        });
+      }
+      if (rows.expert() < 0) return;
+      const Swap16Layout<kNTiles> lay(p, rows.expert());
       const int t0 = nb * kNTiles;
 #pragma unroll
       for (int it = 0; it < kWIters; ++it) {
@@ -399,7 +379,7 @@ struct MmaSwap16 {
     int l_kb = plan.u0 - l_t * KB;
     aim(l_t);
     auto load_next = [&](int slot) {
-      if (l_e >= 0)
+      if (rows.expert() >= 0)
         copy_stage(smem_base + slot * kStageBytes, wsrc, ssrc, xsrc, xdst, xvalid, l_kb, wstep, sstep, evict_first);
       if (++l_kb == KB) {
         l_kb = 0;

@@ -33,17 +33,6 @@ struct EpilogueConfig {
   static constexpr int kSmemBytes = BT * kCStride * 2;
 };
 
-// Barrier over the first THREADS threads: the whole CTA (ALL) or a named barrier of the warps
-// that run the epilogue (a producer warpgroup has left by then).
-template <int THREADS, bool ALL>
-__device__ __forceinline__ void epilogue_sync() {
-  if constexpr (ALL) {
-    __syncthreads();
-  } else {
-    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
-  }
-}
-
 // One walk over a thread's accumulator fragments (the layouts above): put(tok, feature, value)
 // is where each value goes. Warps without accumulators (a producer warp) have none.
 template <int BT, int MMA_WARPS, int NTW, bool SWAPPED, class Put>

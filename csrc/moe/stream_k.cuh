@@ -78,6 +78,60 @@ struct StreamKRows {
   int expert[2];  // -1: the block has no local expert (nothing is loaded or stored)
 };
 
+// The stream-K row source: the token blocks a CTA's units pass through, in order. A main loop
+// whose loads enter block b calls enter(b, chunk): the block's expert and route ids come from
+// registers loaded when the loads entered the block before (only the CTA's first block waits for
+// its routing), its output rows go to rows.out_row[b & 1] (the epilogue's), and the next block's
+// routing starts loading. Each of this thread's activation chunks (chunk c = threadIdx.x + it *
+// THREADS of BT x 8 16-byte chunks, row (c / 8) % BT: the main loops' copy plan) is handed to
+// chunk(it, valid, input_row). A block without a local expert has no valid rows (expert() < 0).
+template <int BT, int THREADS>
+struct StreamKRowSource {
+  static constexpr int kXChunks = BT * 8;
+  static constexpr int kXIters = (kXChunks + THREADS - 1) / THREADS;
+  StreamKRows<BT>* __restrict__ rows;
+  int pf_b = -1, pf_e = -1;  // the block whose routing is in the registers below, and its expert
+  int32_t pf_id[kXIters];
+  int l_b = -1, l_e = -1;  // the block the loads are in, and its local expert (-1: none)
+
+  __device__ __forceinline__ explicit StreamKRowSource(StreamKRows<BT>& r) : rows(&r) {}
+
+  __device__ __forceinline__ void fetch(const GemmParams& p, int b) {
+    pf_b = b;
+    pf_e = p.expert_ids[b];
+#pragma unroll
+    for (int it = 0; it < kXIters; ++it) {
+      const int c = static_cast<int>(threadIdx.x) + it * THREADS;
+      pf_id[it] = (kXChunks % THREADS == 0 || c < kXChunks) ? p.sorted_ids[static_cast<int64_t>(b) * BT + (c / 8) % BT]
+                                                          : -1;
+    }
+  }
+  __device__ __forceinline__ int block() const { return l_b; }
+  __device__ __forceinline__ int expert() const { return l_e; }
+
+  template <class Plan, class Chunk>
+  __device__ __forceinline__ void enter(const GemmParams& p, const Plan& plan, int b, Chunk&& chunk) {
+    if (pf_b != b) fetch(p, b);
+    l_b = b;
+    l_e = pf_e >= 0 && pf_e < p.num_experts ? pf_e : -1;
+    const int slot = b & 1;
+#pragma unroll
+    for (int it = 0; it < kXIters; ++it) {
+      const int c = static_cast<int>(threadIdx.x) + it * THREADS;
+      if (kXChunks % THREADS == 0 || c < kXChunks) {
+        const int r = (c / 8) % BT, ch = c % 8;
+        const int id = pf_id[it];
+        const bool valid = l_e >= 0 && id >= 0 && id < p.num_valid_ids;
+        // (32-bit division: sorted ids are int32)
+        chunk(it, valid, static_cast<int64_t>(id / static_cast<int>(p.top_k)));
+        if (ch == 0) rows->out_row[slot][r] = valid ? id : -1;
+      }
+    }
+    if (threadIdx.x == 0) rows->expert[slot] = l_e;
+    if ((b + 1) * plan.units_per_block() < plan.u1) fetch(p, b + 1);
+  }
+};
+
 // Segment [seg_begin, seg_end) of tile t has been accumulated in `acc`: store it (whole tile),
 // or add it to the tile's partials and, if this CTA is the tile's last contributor, finish the
 // tile. Every thread of the CTA calls it (uniform); `smem` is the epilogue tile (after the ring,
