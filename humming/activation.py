@@ -5,7 +5,8 @@ then up half, ``binary_interleaved`` = gate/up alternating) and ``activation_imp
 float expression in ``a`` (gate or sole input) and ``b`` (up). :func:`render` puts that text
 verbatim into a translation unit; :func:`kernel_for` compiles it once with nvcc for sm_90a into
 Chord's content-hashed cache (chord.jit) and loads it through the CUDA driver API;
-:func:`launch` runs it on torch's current stream. Layouts (one CTA per input row, grid-stride):
+:func:`launch` runs it on torch's current stream (:func:`shape_for`: a row's outputs over 32-256
+lanes, several rows per CTA when rows are narrow, two rows per thread in flight). Layouts:
 
 * ``normal``: row r -> row r; with ``num_valid_tokens`` only rows r < count are written;
 * ``grouped_mask``: rows are [E, max_rows]; row r of expert e is valid if r % max_rows <
@@ -49,7 +50,7 @@ struct ChordActParams {
   const int32_t* scatter_idx;
   const int32_t* expert_tokens;
   const void* num_valid;
-  long long rows, cols, in_stride, out_stride, out_rows, scatter_cols, max_rows, reserved;
+  long long rows, cols, in_stride, out_stride, out_rows, scatter_cols, max_rows, rows_per_cta;
   int layout, zero_invalid, num_valid_is_64, vec;
 };
 
@@ -108,39 +109,63 @@ __device__ __forceinline__ void chord_destinations(const ChordActParams& p, long
   }
 }
 
+// One row per rows_per_cta-th of the CTA: a row's outputs are spread over blockDim.x /
+// rows_per_cta threads (lanes), so a narrow row (TP8's 256 outputs: 32 16-byte items) still keeps
+// a whole CTA's loads in flight. Two rows per thread and pass (r and r + stride), their loads
+// issued before either is computed: twice the bytes in flight of one row at a time.
 extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
   long long nv = 0x7fffffffffffffffLL;
   if (p.num_valid != nullptr)
     nv = p.num_valid_is_64 ? *reinterpret_cast<const long long*>(p.num_valid)
                            : (long long)(*reinterpret_cast<const int*>(p.num_valid));
-  for (long long r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const __nv_bfloat16* row = p.in + r * p.in_stride;
-    bool row_ok = true;  // scatter: validity is per destination
+  const int lanes = blockDim.x / (int)p.rows_per_cta;
+  const int lane = threadIdx.x %% lanes;
+  const long long stride = (long long)gridDim.x * p.rows_per_cta;
+  auto valid = [&](long long r) {
     if (p.layout == 1) {
       const long long e = r / p.max_rows;
-      row_ok = (r - e * p.max_rows) < (long long)p.expert_tokens[e];
-    } else if (p.layout == 0) {
-      row_ok = r < nv;
+      return (r - e * p.max_rows) < (long long)p.expert_tokens[e];
     }
-    if (!row_ok && !p.zero_invalid) continue;
+    return p.layout == 0 ? r < nv : true;  // scatter: validity is per destination
+  };
+  auto store8 = [&](long long r, bool row_ok, long long j, uint4 y) {
+    chord_destinations(p, r, row_ok, nv, [&](long long dst, bool ok) {
+      *reinterpret_cast<uint4*>(p.out + dst * p.out_stride + j) = ok ? y : make_uint4(0u, 0u, 0u, 0u);
+    });
+  };
+  for (long long r = (long long)blockIdx.x * p.rows_per_cta + threadIdx.x / lanes; r < p.rows; r += 2 * stride) {
+    const long long r2 = r + stride;
+    const bool has2 = r2 < p.rows;
+    const bool ok1 = valid(r);
+    const bool ok2 = has2 && valid(r2);
+    const bool do1 = ok1 || p.zero_invalid, do2 = has2 && (ok2 || p.zero_invalid);
+    if (!do1 && !do2) continue;
+    const __nv_bfloat16* row1 = p.in + r * p.in_stride;
+    const __nv_bfloat16* row2 = p.in + (has2 ? r2 : r) * p.in_stride;
     if (p.vec) {
-      for (long long j = 8LL * threadIdx.x; j < p.cols; j += 8LL * blockDim.x) {
-        const uint4 y = row_ok ? chord_compute8(row, p.cols, j) : make_uint4(0u, 0u, 0u, 0u);
-        chord_destinations(p, r, row_ok, nv, [&](long long dst, bool ok) {
-          *reinterpret_cast<uint4*>(p.out + dst * p.out_stride + j) = ok ? y : make_uint4(0u, 0u, 0u, 0u);
-        });
+      for (long long j = 8LL * lane; j < p.cols; j += 8LL * lanes) {
+        const uint4 y1 = ok1 ? chord_compute8(row1, p.cols, j) : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 y2 = ok2 ? chord_compute8(row2, p.cols, j) : make_uint4(0u, 0u, 0u, 0u);
+        if (do1) store8(r, ok1, j, y1);
+        if (do2) store8(r2, ok2, j, y2);
       }
     } else {
-      for (long long j = threadIdx.x; j < p.cols; j += blockDim.x) {
-        __nv_bfloat16 y = __float2bfloat16_rn(0.f);
-        if (row_ok) {
-          float a, b;
-          chord_load(row, p.cols, j, a, b);
-          y = __float2bfloat16_rn(chord_activation(a, b));
+      for (int h = 0; h < 2; ++h) {
+        const long long rr = h ? r2 : r;
+        const bool ok = h ? ok2 : ok1;
+        if (!(h ? do2 : do1)) continue;
+        const __nv_bfloat16* row = h ? row2 : row1;
+        for (long long j = lane; j < p.cols; j += lanes) {
+          __nv_bfloat16 y = __float2bfloat16_rn(0.f);
+          if (ok) {
+            float a, b;
+            chord_load(row, p.cols, j, a, b);
+            y = __float2bfloat16_rn(chord_activation(a, b));
+          }
+          chord_destinations(p, rr, ok, nv, [&](long long dst, bool okd) {
+            p.out[dst * p.out_stride + j] = okd ? y : __float2bfloat16_rn(0.f);
+          });
         }
-        chord_destinations(p, r, row_ok, nv, [&](long long dst, bool ok) {
-          p.out[dst * p.out_stride + j] = ok ? y : __float2bfloat16_rn(0.f);
-        });
       }
     }
   }
@@ -194,6 +219,22 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+THREADS = 256  # per CTA
+GRID_PER_SM = 8  # CTAs per SM of the grid (each walks rows with a grid stride)
+
+
+def shape_for(cols: int, vec: int) -> tuple[int, int, int]:
+    """(threads, rows per CTA, CTAs per SM) of the launch for rows of `cols` outputs: a row's work
+    items (16-byte groups of 8 outputs when `vec`, else single outputs) over a power-of-two number
+    of lanes (32 at least, every item at most one pass), the CTA's THREADS threads shared by
+    THREADS / lanes rows."""
+    items = -(-cols // (8 if vec else 1))
+    lanes = 32
+    while lanes < THREADS and lanes < items:
+        lanes *= 2
+    return THREADS, THREADS // lanes, GRID_PER_SM
+
+
 def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str, activation_impl: str | None,
            layout: str, scatter_idx: torch.Tensor | None, expert_tokens: torch.Tensor | None,
            num_valid_tokens: torch.Tensor | None, zero_invalid: bool) -> None:
@@ -215,18 +256,17 @@ def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str,
     max_rows = 1
     if layout == "grouped_mask":
         max_rows = max(1, inputs.shape[0] // expert_tokens.numel())
+    threads, rows_per_cta, grid_per_sm = shape_for(cols, vec)
     params = _PARAMS.pack(
         inputs.data_ptr(), outputs.data_ptr(),
         scatter_idx.data_ptr() if scatter_idx is not None else 0,
         expert_tokens.data_ptr() if expert_tokens is not None else 0,
         num_valid_tokens.data_ptr() if num_valid_tokens is not None else 0,
-        rows, cols, in_stride, out_stride, out_rows, scatter_cols, max_rows, 0,
+        rows, cols, in_stride, out_stride, out_rows, scatter_cols, max_rows, rows_per_cta,
         LAYOUTS[layout], int(bool(zero_invalid)),
         int(num_valid_tokens is not None and num_valid_tokens.dtype == torch.int64), vec)
-    items = -(-cols // (8 if vec else 1))  # work items per row
-    threads = min(256, max(32, -(-items // 32) * 32))
     device_index = inputs.get_device()
-    grid = max(1, min(rows, _num_sms(device_index) * 16))
+    grid = max(1, min(-(-rows // rows_per_cta), _num_sms(device_index) * grid_per_sm))
     kernel = kernel_for(act_type, impl)
     stream = torch.cuda.current_stream(device_index).cuda_stream
     _chord.launch(kernel, (grid, 1, 1), (threads, 1, 1), params, device_index, stream)
