@@ -3,8 +3,9 @@
 A kernel call through ``chord.ops`` validates its arguments in Python and then launches. Most of
 that work follows from the arguments' metadata alone (dtype, device, shape, strides, alignment,
 the schedule and the scalars): the kernel, its grid and block, the shared memory, the parameter
-block's scalars and split-K / stream-K workspaces. After a launch, ``chord.ops`` records all of
-it as a **plan** under the call's signature (:func:`remember`). The next call is first offered
+block's scalars and split-K / stream-K workspaces. ``chord.ops`` hands that to :func:`run` with
+the call's launch record (:class:`Record`: its items, pointer slots and spans), which launches and
+keeps all of it as a **plan** under the call's signature (:func:`remember`). The next call is first offered
 to the C module ``csrc/host/launch.c`` (:func:`try_launch`): it reads the signature of the
 arguments (the same properties the Python validation reads), finds the plan, checks what depends
 on the data pointers (``out`` must not overlap ``x``), writes the pointers into the parameter
