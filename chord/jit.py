@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from chord import _env
 from chord._env import TILE_GROUPS, flag
 from chord._resources import csrc_dir
+from chord.launch import GEMM_PARAMS, gemm_params_offsets, pack_gemm_params  # noqa: F401 (re-exported)
 from chord.schedule import MAX_SMEM_PER_CTA
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -1052,22 +1053,7 @@ def kernel_for_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> Kernel
 
 
 # --------------------------------------------------------------------------------------------
-# the GemmParams block (csrc/common/params.cuh): 8 pointers, 8 int64, 2 pointers
+# the GemmParams block (csrc/common/params.cuh): defined with the launch record it is part of
+# (chord.launch); render() asserts its offsets and size in every kernel
 
-_GEMM_PARAMS = struct.Struct("<8Q8q2Q")
-_GEMM_FIELDS = ("x", "qweight", "scales", "out", "sorted_ids", "expert_ids", "num_tokens_post_padded",
-                "expert_layout", "n", "k", "num_experts", "top_k", "num_valid_ids", "num_blocks", "max_rows",
-                "rows", "workspace", "counters")
-
-
-def gemm_params_offsets() -> dict:
-    """Byte offset of every GemmParams field in the packed block (8-byte fields, in order)."""
-    return {name: 8 * i for i, name in enumerate(_GEMM_FIELDS)}
-
-
-def pack_gemm_params(*, x: int, qweight: int, scales: int, out: int, sorted_ids: int = 0, expert_ids: int = 0,
-                     num_tokens_post_padded: int = 0, expert_layout: int = 0, n: int, k: int, num_experts: int,
-                     top_k: int = 1, num_valid_ids: int = 0, num_blocks: int = 0, max_rows: int = 0,
-                     rows: int = 0, workspace: int = 0, counters: int = 0) -> bytes:
-    return _GEMM_PARAMS.pack(x, qweight, scales, out, sorted_ids, expert_ids, num_tokens_post_padded, expert_layout,
-                             n, k, num_experts, top_k, num_valid_ids, num_blocks, max_rows, rows, workspace, counters)
+_GEMM_PARAMS = GEMM_PARAMS

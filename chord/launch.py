@@ -3,8 +3,9 @@
 A kernel call through ``chord.ops`` validates its arguments in Python and then launches. Most of
 that work follows from the arguments' metadata alone (dtype, device, shape, strides, alignment,
 the schedule and the scalars): the kernel, its grid and block, the shared memory, the parameter
-block's scalars and split-K / stream-K workspaces. After a launch, ``chord.ops`` records all of
-it as a **plan** under the call's signature (:func:`remember`). The next call is first offered
+block's scalars and split-K / stream-K workspaces. ``chord.ops`` hands that to :func:`run` with
+the call's launch record (:class:`Record`: its items, pointer slots and spans), which launches and
+keeps all of it as a **plan** under the call's signature (:func:`remember`). The next call is first offered
 to the C module ``csrc/host/launch.c`` (:func:`try_launch`): it reads the signature of the
 arguments (the same properties the Python validation reads), finds the plan, checks what depends
 on the data pointers (``out`` must not overlap ``x``), writes the pointers into the parameter
@@ -40,10 +41,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+from typing import NamedTuple
+
 from chord import profiling
 from chord._env import flag
 
-__all__ = ["fast_launch", "status", "try_launch", "remember", "clear", "PLAN", "build_module"]
+__all__ = ["fast_launch", "status", "try_launch", "remember", "clear", "PLAN", "build_module", "Record", "run",
+           "pack_gemm_params", "gemm_params_offsets"]
 
 # csrc/host/launch.c's Plan: func, stream, extent[12], grid[3], block[3], smem, flags, device,
 # out, slot[12], params_len, params[256], pad
@@ -55,6 +59,40 @@ _PLANS_MAX = 4096
 
 # the family tag, the first item of every plan's signature
 INDEXED, CONTIGUOUS, MASKED = 1, 2, 3
+
+# The GemmParams block (csrc/common/params.cuh) every kernel takes by value: 8 pointers, 8 int64,
+# 2 pointers. chord.jit's render() asserts these offsets and this size in every kernel, and a plan
+# keeps the packed block with the offsets of the pointers a repeated call rewrites.
+GEMM_PARAMS = struct.Struct("<8Q8q2Q")
+_GEMM_FIELDS = ("x", "qweight", "scales", "out", "sorted_ids", "expert_ids", "num_tokens_post_padded",
+                "expert_layout", "n", "k", "num_experts", "top_k", "num_valid_ids", "num_blocks", "max_rows",
+                "rows", "workspace", "counters")
+
+
+def gemm_params_offsets() -> dict:
+    """Byte offset of every GemmParams field in the packed block (8-byte fields, in order)."""
+    return {name: 8 * i for i, name in enumerate(_GEMM_FIELDS)}
+
+
+def pack_gemm_params(*, x: int, qweight: int, scales: int, out: int, sorted_ids: int = 0, expert_ids: int = 0,
+                     num_tokens_post_padded: int = 0, expert_layout: int = 0, n: int, k: int, num_experts: int,
+                     top_k: int = 1, num_valid_ids: int = 0, num_blocks: int = 0, max_rows: int = 0,
+                     rows: int = 0, workspace: int = 0, counters: int = 0) -> bytes:
+    return GEMM_PARAMS.pack(x, qweight, scales, out, sorted_ids, expert_ids, num_tokens_post_padded, expert_layout,
+                            n, k, num_experts, top_k, num_valid_ids, num_blocks, max_rows, rows, workspace, counters)
+
+
+class Record(NamedTuple):
+    """One call as the launcher sees it (chord.ops builds it after validating the call): `items`,
+    the call's signature items as :func:`try_launch` gets them (family tag, scalars, tensors);
+    `slots`, for each item the byte offset of its data pointer in the GemmParams block, or None;
+    `out_item`, the index of the output item; `extents`, the bytes each item spans (0 for a
+    scalar). :func:`run` launches it and keeps what it launched as the plan of its signature."""
+
+    items: tuple
+    slots: tuple
+    out_item: int
+    extents: tuple
 
 PLANS: dict = {}  # (schedule id, signature bytes) -> packed Plan
 MODULE = None  # the configured C module while the fast path is on, else None
@@ -244,3 +282,24 @@ def remember(schedule: str, items: tuple, slots: tuple, *, func: int = 0, device
     if len(PLANS) >= _PLANS_MAX:
         PLANS.clear()
     PLANS[key] = plan
+
+
+def run(kernel, grid: tuple, block: tuple, fields: dict, record: Record, *, device: int, stream: int,
+        schedule: str, op: str, pdl: bool = False, tensor_map: bytes | None = None, bound: bool = False) -> None:
+    """The launch step of the Python path (chord.ops calls it once per call, after the checks and
+    the kernel): packs the GemmParams block from `fields`, launches `kernel` (a chord.jit.Kernel)
+    on `stream` (inside the NVTX range ``chord/<op>[<schedule>]`` while ranges are on) and keeps the
+    launch as the plan of the record's signature, so the next call of that signature launches
+    from C. Not planned: a launch with a tensor map (`tensor_map`: it encodes x's address), an
+    empty grid, a launch inside an NVTX range. `bound`: the kernel uses this stream's split-K /
+    stream-K workspace or work queue, so the plan is bound to `stream`."""
+    params = pack_gemm_params(**fields)
+    if profiling._enabled:
+        with profiling.nvtx_range(op, schedule):
+            kernel.launch(grid, block, params, device, stream, tensor_map=tensor_map, pdl=pdl)
+        return
+    kernel.launch(grid, block, params, device, stream, tensor_map=tensor_map, pdl=pdl)
+    if tensor_map is None and MODULE is not None and min(grid) > 0:
+        remember(schedule, record.items, record.slots, func=kernel.function(device).value, device=device, grid=grid,
+                 block=block, smem=kernel.smem_bytes, params=params, pdl=pdl, stream=stream if bound else None,
+                 out_item=record.out_item, extents=record.extents)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from chord import checks, formats, jit, launch, profiling, routing
+from chord import checks, formats, jit, launch, routing
 from chord import routing as R
 from chord._env import flag
 from chord.profiling import nvtx_range
@@ -512,11 +512,10 @@ def _sm_count(dev: int) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
-def _resident_ctas(sched: Schedule, qweight: torch.Tensor, n: int, dev: int) -> int:
+def _resident_ctas(sched: Schedule, kernel: "jit.Kernel", dev: int) -> int:
     """A stream-K grid: SMs x the schedule's ctas_per_sm, capped by what the driver says one SM
-    holds of this kernel (cached per kernel). ctas_per_sm is the plan's knob here: more CTAs
+    holds of this kernel (cached per kernel). ctas_per_sm is the schedule's knob here: more CTAs
     stream in parallel, fewer split each tile into fewer partials."""
-    kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
     return _sm_count(dev) * min(sched.ctas_per_sm, kernel.ctas_per_sm(dev, sched.threads))
 
 
@@ -528,9 +527,9 @@ def _x_tensor_map(address: int, rows: int, k: int, block_m: int) -> bytes:
     return jit.encode_tensor_map_2d(address, rows, k, k * 2, block_m, K_BLOCK)
 
 
-# The eager launch path's plans (chord.launch, csrc/host/launch.c): each family's signature
-# items, and where each item's data pointer goes in the GemmParams block (None: a scalar).
-_OFF = jit.gemm_params_offsets()
+# The launch records of the three families (chord.launch.Record): each family's signature items,
+# and where each item's data pointer goes in the GemmParams block (None: a scalar).
+_OFF = launch.gemm_params_offsets()
 _INDEXED_SLOTS = (None, None, None, _OFF["x"], _OFF["qweight"], _OFF["scales"], _OFF["sorted_ids"],
                   _OFF["expert_ids"], _OFF["num_tokens_post_padded"], _OFF["out"])
 _GROUPED_SLOTS = (None, _OFF["x"], _OFF["qweight"], _OFF["scales"], _OFF["expert_layout"], _OFF["out"])
@@ -543,45 +542,40 @@ def _span_bytes(t) -> int:
     return (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-def _plan(items: tuple, slots: tuple, x: torch.Tensor, out: torch.Tensor) -> tuple:
-    """What chord.launch.remember needs besides the launch itself: the items, their pointer slots,
-    the output's item index (the last item) and every item's byte span, so a planned call whose
-    out overlaps x, the weights, the scales or a routing buffer misses the plan (the Python path
-    raises naming both)."""
-    return items, slots, len(items) - 1, tuple(_span_bytes(t) for t in items)
+def _record(items: tuple, slots: tuple) -> launch.Record:
+    """The call's launch record: its items, their pointer slots, the output's item index (the last
+    item) and every item's byte span, so a call from the plan made of it whose out overlaps x, the
+    weights, the scales or a routing buffer misses the plan (the Python path raises naming both)."""
+    return launch.Record(items, slots, len(items) - 1, tuple(_span_bytes(t) for t in items))
 
 
-def _remember_noop(schedule_id: str, plan: tuple) -> None:
+def _remember_noop(schedule_id: str, record: launch.Record) -> None:
     """A call with nothing to launch (no rows): its plan says so."""
     if launch.MODULE is not None:
-        items, slots, out_item, extents = plan
-        launch.remember(schedule_id, items, slots, out_item=out_item, extents=extents, noop=True)
+        launch.remember(schedule_id, record.items, record.slots, out_item=record.out_item, extents=record.extents,
+                        noop=True)
 
 
-def _launch(sched: Schedule, grid: tuple[int, int, int], x: torch.Tensor, params: bytes, op: str,
-            schedule_id: str, qweight: torch.Tensor, n: int, plan: tuple | None = None) -> None:
-    kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
+def _kernel(sched: Schedule, qweight: torch.Tensor, n: int) -> "jit.Kernel":
+    """The kernel step: the schedule's kernel for these weights' tile group (chord.jit; built and
+    loaded on a miss, one memo lookup after)."""
+    return jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
+
+
+def _launch(sched: Schedule, kernel: "jit.Kernel", grid: tuple[int, int, int], x: torch.Tensor, fields: dict,
+            op: str, schedule_id: str, record: launch.Record) -> None:
+    """The launch step: the device, the current stream, a persistent kernel's wave and a tma_x
+    kernel's tensor map, then chord.launch.run (packs the parameter block, launches, keeps the plan)."""
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    stream = _raw_stream(dev)
     if sched.persistent:  # about one wave of CTAs walks the grid's tiles (csrc/moe/rows.cuh, TileWalker)
         grid = (min(grid[0] * grid[1], _sm_count(dev) * kernel.ctas_per_sm(dev, sched.threads)), 1, 1)
     tmap = None
     if sched.tma_x:  # the grouped families' x: [rows, K] or [E, max_rows, K], contiguous
         k = x.shape[-1]
         tmap = _x_tensor_map(x.data_ptr(), x.numel() // k, k, sched.block_m)
-    if profiling.nvtx_enabled():
-        with nvtx_range(op, schedule_id):
-            kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap, pdl=sched.pdl == 1)
-        return
-    kernel.launch(grid, (sched.threads, 1, 1), params, dev, stream, tensor_map=tmap, pdl=sched.pdl == 1)
-    if plan is not None and tmap is None and launch.MODULE is not None and min(grid) > 0:
-        # the next call of this signature launches from C; a split-K / stream-K plan only on this
-        # stream (its workspace and counters are this stream's)
-        items, slots, out_item, extents = plan
-        bound = sched.split_k > 1 or sched.stream_k or sched.queue  # counters of this stream
-        launch.remember(schedule_id, items, slots, func=kernel.function(dev).value, device=dev, grid=grid,
-                        block=(sched.threads, 1, 1), smem=kernel.smem_bytes, params=params, pdl=sched.pdl == 1,
-                        stream=stream if bound else None, out_item=out_item, extents=extents)
+    launch.run(kernel, grid, (sched.threads, 1, 1), fields, record, device=dev, stream=_raw_stream(dev),
+               schedule=schedule_id, op=op, pdl=sched.pdl == 1, tensor_map=tmap,
+               bound=bool(sched.split_k > 1 or sched.stream_k or sched.queue))  # counters of this stream
 
 
 # ---------------------------------------------------------------------------------------------
@@ -622,6 +616,8 @@ def _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_pos
 
 def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m,
                        schedule, check=None, all_routes=False):
+    """The Python path of gemm_indexed, one pass: checks (memoized by metadata), the routing
+    values when read, the kernel (chord.jit), the launch record and the launch (chord.launch)."""
     (s, e, n, k, extents), ptrs = _memo_validate(
         "indexed", (top_k, block_m, schedule), (x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out),
         lambda: _validate_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
@@ -631,24 +627,25 @@ def _gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_po
         _check_indexed_values("gemm_indexed", sorted_ids, expert_ids, num_tokens_post_padded, e, block_m, x.shape[0] * top_k,
                               all_routes)
     check_cuda_sm90(x)
-    plan = _plan((launch.INDEXED, top_k, block_m, x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded,
-                  out), _INDEXED_SLOTS, x, out)
+    record = _record((launch.INDEXED, top_k, block_m, x, qweight, scales, sorted_ids, expert_ids,
+                      num_tokens_post_padded, out), _INDEXED_SLOTS)
     num_blocks = sorted_ids.numel() // block_m
     if num_blocks == 0 or x.shape[0] == 0:
-        _remember_noop(schedule, plan)
+        _remember_noop(schedule, record)
         return
+    kernel = _kernel(s, qweight, n)
     grid, ctas = (num_blocks, s.grid_n(n), s.split_k), 0
     if s.stream_k:  # one wave of CTAs splits the valid units (csrc/moe/stream_k.cuh); its workspace fits it
         dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        ctas = _resident_ctas(s, qweight, n, dev)
+        ctas = _resident_ctas(s, kernel, dev)
         grid = (ctas, 1, 1)
-    params = jit.pack_gemm_params(
+    fields = dict(
         x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
         sorted_ids=sorted_ids.data_ptr(), expert_ids=expert_ids.data_ptr(),
         num_tokens_post_padded=num_tokens_post_padded.data_ptr(), n=n, k=k, num_experts=e, top_k=top_k,
         num_valid_ids=x.shape[0] * top_k, num_blocks=num_blocks,
         **_split_args(s, x, num_blocks, s.grid_n(n), ctas, out=(ptrs[-1], extents[-1], "gemm_indexed")))
-    _launch(s, grid, x, params, "gemm_indexed", schedule, qweight, n, plan)
+    _launch(s, kernel, grid, x, fields, "gemm_indexed", schedule, record)
 
 
 @torch.library.custom_op("chord::gemm_indexed", mutates_args=("out",))
@@ -684,6 +681,7 @@ def _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule):
 
 
 def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, check=None):
+    """The Python path of gemm_contiguous, one pass (as _gemm_indexed_impl)."""
     (s, e, n, k, extents), ptrs = _memo_validate(
         "contiguous", (schedule,), (x, qweight, scales, expert_offsets, out),
         lambda: _validate_contiguous(x, qweight, scales, expert_offsets, out, schedule))
@@ -691,17 +689,17 @@ def _gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, che
     if _checks_routing(check, expert_offsets):
         _check_offsets_values("gemm_contiguous", expert_offsets, x.shape[0])
     check_cuda_sm90(x)
-    plan = _plan((launch.CONTIGUOUS, x, qweight, scales, expert_offsets, out), _GROUPED_SLOTS, x, out)
+    record = _record((launch.CONTIGUOUS, x, qweight, scales, expert_offsets, out), _GROUPED_SLOTS)
     rows = x.shape[0]
     if rows == 0:
-        _remember_noop(schedule, plan)
+        _remember_noop(schedule, record)
         return
+    kernel = _kernel(s, qweight, n)
     grid_x = (rows + s.block_m - 1) // s.block_m + e  # upper bound on per-expert tiles
-    params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
-                                  out=out.data_ptr(), expert_layout=expert_offsets.data_ptr(), n=n, k=k,
-                                  num_experts=e, rows=rows,
-                                  **_split_args(s, x, grid_x, s.grid_n(n), out=(ptrs[-1], extents[-1], "gemm_contiguous")))
-    _launch(s, (grid_x, s.grid_n(n), s.split_k), x, params, "gemm_contiguous", schedule, qweight, n, plan)
+    fields = dict(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
+                  expert_layout=expert_offsets.data_ptr(), n=n, k=k, num_experts=e, rows=rows,
+                  **_split_args(s, x, grid_x, s.grid_n(n), out=(ptrs[-1], extents[-1], "gemm_contiguous")))
+    _launch(s, kernel, (grid_x, s.grid_n(n), s.split_k), x, fields, "gemm_contiguous", schedule, record)
 
 
 @torch.library.custom_op("chord::gemm_contiguous", mutates_args=("out",))
@@ -740,6 +738,7 @@ def _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule):
 
 
 def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, check=None):
+    """The Python path of gemm_masked, one pass (as _gemm_indexed_impl)."""
     (s, e, n, k, max_rows, extents), ptrs = _memo_validate(
         "masked", (schedule,), (x, qweight, scales, expert_num_tokens, out),
         lambda: _validate_masked(x, qweight, scales, expert_num_tokens, out, schedule))
@@ -747,16 +746,16 @@ def _gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, chec
     if _checks_routing(check, expert_num_tokens):
         _check_counts_values("gemm_masked", expert_num_tokens, max_rows)
     check_cuda_sm90(x)
-    plan = _plan((launch.MASKED, x, qweight, scales, expert_num_tokens, out), _GROUPED_SLOTS, x, out)
+    record = _record((launch.MASKED, x, qweight, scales, expert_num_tokens, out), _GROUPED_SLOTS)
     if max_rows == 0:
-        _remember_noop(schedule, plan)
+        _remember_noop(schedule, record)
         return
+    kernel = _kernel(s, qweight, n)
     tiles = (max_rows + s.block_m - 1) // s.block_m
-    params = jit.pack_gemm_params(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(),
-                                  out=out.data_ptr(), expert_layout=expert_num_tokens.data_ptr(), n=n, k=k,
-                                  num_experts=e, max_rows=max_rows,
-                                  **_split_args(s, x, e * tiles, s.grid_n(n), out=(ptrs[-1], extents[-1], "gemm_masked")))
-    _launch(s, (e * tiles, s.grid_n(n), s.split_k), x, params, "gemm_masked", schedule, qweight, n, plan)
+    fields = dict(x=x.data_ptr(), qweight=qweight.data_ptr(), scales=scales.data_ptr(), out=out.data_ptr(),
+                  expert_layout=expert_num_tokens.data_ptr(), n=n, k=k, num_experts=e, max_rows=max_rows,
+                  **_split_args(s, x, e * tiles, s.grid_n(n), out=(ptrs[-1], extents[-1], "gemm_masked")))
+    _launch(s, kernel, (e * tiles, s.grid_n(n), s.split_k), x, fields, "gemm_masked", schedule, record)
 
 
 @torch.library.custom_op("chord::gemm_masked", mutates_args=("out",))

@@ -237,7 +237,7 @@ def load_ops() -> None:
     under torch.compile, the checked implementation in eager mode (the dispatcher round trip alone
     costs ~30 us of host time per call), and chord.launch's plans for humming_forward's fast path
     (try_planned_*). Called when humming.forward is imported, not at `import humming`."""
-    global _RAW, _PLANNED, _TAGS
+    global _RAW, _PLANNED, _TAGS, _OPS
     if _RAW is None:
         from chord import launch, ops
 
@@ -245,7 +245,7 @@ def load_ops() -> None:
         # read per call; the kernels stay in bounds whatever the values, see chord.ops).
         _RAW = tuple(functools.partial(f, check_routing=False)
                      for f in (ops.gemm_indexed_raw, ops.gemm_contiguous_raw, ops.gemm_masked_raw))
-        _PLANNED, _TAGS = launch.try_launch, (launch.INDEXED, launch.CONTIGUOUS, launch.MASKED)
+        _PLANNED, _TAGS, _OPS = launch.try_launch, (launch.INDEXED, launch.CONTIGUOUS, launch.MASKED), ops
 
 
 def _raw_ops():
@@ -255,6 +255,7 @@ def _raw_ops():
 
 
 _RAW = None
+_OPS = None  # chord.ops once load_ops() ran: its checked Python path (_gemm_*_impl), for a call already offered to a plan
 
 
 def try_planned_indexed(schedule: str, top_k: int, block_m: int, x, qweight, scales, sorted_ids, expert_ids,
@@ -279,30 +280,46 @@ _PLANNED = _no_plan  # chord.launch.try_launch once load_ops() ran
 _TAGS = (0, 0, 0)  # chord.launch's family tags: indexed, contiguous, masked
 
 
+# The GEMMs with trusted routing. `planned`: humming_forward already offered these very tensors to
+# a launch plan (try_planned_*) and missed, so the call goes straight to chord.ops' checked Python
+# path (which makes the plan) instead of being offered again; otherwise the raw entry point offers
+# it once. Eager calls only (inside torch.compile, humming_forward calls the chord::humming_gemm op).
+
+
 def gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k: int,
-                 block_m: int, schedule: str) -> None:
+                 block_m: int, schedule: str, *, planned: bool = False) -> None:
     if not x.is_cuda and _use_reference(x):
         from humming import _reference
 
         _reference.gemm_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
                                 block_m)
         return
+    if planned:
+        _OPS._gemm_indexed_impl(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k,
+                                block_m, schedule, False)
+        return
     _raw_ops()[0](x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, out, top_k, block_m, schedule)
 
 
-def gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule: str) -> None:
+def gemm_contiguous(x, qweight, scales, expert_offsets, out, schedule: str, *, planned: bool = False) -> None:
     if not x.is_cuda and _use_reference(x):
         from humming import _reference
 
         _reference.gemm_contiguous(x, qweight, scales, expert_offsets, out)
         return
+    if planned:
+        _OPS._gemm_contiguous_impl(x, qweight, scales, expert_offsets, out, schedule, False)
+        return
     _raw_ops()[1](x, qweight, scales, expert_offsets, out, schedule)
 
 
-def gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule: str) -> None:
+def gemm_masked(x, qweight, scales, expert_num_tokens, out, schedule: str, *, planned: bool = False) -> None:
     if not x.is_cuda and _use_reference(x):
         from humming import _reference
 
         _reference.gemm_masked(x, qweight, scales, expert_num_tokens, out)
+        return
+    if planned:
+        _OPS._gemm_masked_impl(x, qweight, scales, expert_num_tokens, out, schedule, False)
         return
     _raw_ops()[2](x, qweight, scales, expert_num_tokens, out, schedule)

@@ -13,7 +13,13 @@
 * ``dense`` (a quantized linear layer) -> ``chord::gemm_contiguous`` with one expert.
 
 The schedule comes from the tuning row vLLM used for its routing (same ``valid_shape_m``),
-so ``block_m`` always matches ``moe_align_block_size``. Config parsing is cached and marked
+so ``block_m`` always matches ``moe_align_block_size``: the call's *layer decision* (family,
+schedule id, block_m), memoized per layer config and ``valid_shape_m`` (``_DECISIONS``).
+
+One eager call is one pass: the layer decision is looked up once (made on a miss), the call is
+offered once to a launch plan of ``chord.launch`` (a repeated call launches from C there), and
+on a miss it runs chord.ops' checked Python path (checks, kernel, launch record, launch), which
+keeps the plan for the next call. Config parsing is cached and marked
 constant for torch.compile; routing tensors are only read by the kernels, never on the host.
 Outputs are written into the caller's ``outputs`` (when vLLM padded N or K, through a padded
 temporary: the unpadded part is exact).
@@ -116,7 +122,8 @@ def _tuning_rows(tuning_config: str) -> tuple:
     return tuple(out)
 
 
-_PLANS: dict = {}
+_DECISIONS: dict = {}  # (compute_config, tuning_config, experts, N, K, valid_shape_m) -> layer decision
+_DECISIONS_MAX = 65536
 
 
 @torch.compiler.assume_constant_result
@@ -125,34 +132,42 @@ def _gemm_kind(compute_config: Optional[str]) -> str:
     return _flags(compute_config)[0]
 
 
-def _plan(compute_config: Optional[str], tuning_config: Optional[str], num_experts: int, shape_n: int,
-          shape_k: int, valid_shape_m: int) -> tuple[str, str, int]:
-    """(family, schedule id, block_m) of one call: a pure function of host values, memoized.
+def _decision(compute_config: Optional[str], tuning_config: Optional[str], num_experts: int, shape_n: int,
+              shape_k: int, valid_shape_m: int) -> tuple[str, str, int]:
+    """The layer decision of one call, (family, schedule id, block_m): a pure function of host
+    values, memoized (one dict lookup; made by :func:`_decide` on a miss).
 
     It runs inside :func:`_gemm` (an opaque custom op under torch.compile), so a symbolic
-    ``valid_shape_m`` reaches it as a concrete int; in eager mode it is one dict lookup per call.
+    ``valid_shape_m`` reaches it as a concrete int.
     """
     key = (compute_config, tuning_config, num_experts, shape_n, shape_k, valid_shape_m)
-    plan = _PLANS.get(key)
-    if plan is None:
-        gemm_type, invariant = _flags(compute_config)
-        family = tune.family_for(gemm_type, num_experts)
-        rows = (_tuning_rows(tuning_config) if tuning_config is not None
-                else tune.rows_for(family, num_experts or 1, shape_n, shape_k, invariant))
-        if invariant and len({cfg["schedule"] for _, _, cfg in rows}) > 1:
-            raise ValueError("compute_config asks for batch-invariant mode (use_batch_invariant), but tuning_config "
-                             "has several schedules over M: build it with humming.tune.get_heuristics_config("
-                             "..., use_batch_invariant=True)")
-        cfg = tune.row_for(rows, valid_shape_m)
-        made_for = _chord.schedule_family(cfg["schedule"])
-        if cfg.get("family", made_for) != made_for or made_for != family:
-            raise ValueError(f"humming_forward: tuning_config was made for the {made_for} family (schedule "
-                             f"{cfg['schedule']}), but compute_config asks for {gemm_type}")
-        plan = (family, cfg["schedule"], int(cfg["block_shape"][0]))
-        if len(_PLANS) > 65536:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return plan
+    decision = _DECISIONS.get(key)
+    return decision if decision is not None else _decide(key)
+
+
+def _decide(key: tuple) -> tuple[str, str, int]:
+    """Make and memoize the layer decision of `key` (see _DECISIONS): the tuning row vLLM used
+    for ``valid_shape_m`` (its rows, or Chord's rows for the layer when vLLM passed none), checked
+    against the compute config's family and batch-invariant mode."""
+    compute_config, tuning_config, num_experts, shape_n, shape_k, valid_shape_m = key
+    gemm_type, invariant = _flags(compute_config or None)
+    family = tune.family_for(gemm_type, num_experts)
+    rows = (_tuning_rows(tuning_config) if tuning_config
+            else tune.rows_for(family, num_experts or 1, shape_n, shape_k, invariant))
+    if invariant and len({cfg["schedule"] for _, _, cfg in rows}) > 1:
+        raise ValueError("compute_config asks for batch-invariant mode (use_batch_invariant), but tuning_config "
+                         "has several schedules over M: build it with humming.tune.get_heuristics_config("
+                         "..., use_batch_invariant=True)")
+    cfg = tune.row_for(rows, valid_shape_m)
+    made_for = _chord.schedule_family(cfg["schedule"])
+    if cfg.get("family", made_for) != made_for or made_for != family:
+        raise ValueError(f"humming_forward: tuning_config was made for the {made_for} family (schedule "
+                         f"{cfg['schedule']}), but compute_config asks for {gemm_type}")
+    decision = (family, cfg["schedule"], int(cfg["block_shape"][0]))
+    if len(_DECISIONS) > _DECISIONS_MAX:
+        _DECISIONS.clear()
+    _DECISIONS[key] = decision
+    return decision
 
 
 def _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2,
@@ -192,14 +207,20 @@ def humming_forward(
 
     Argument dtypes, devices and contiguity are checked by the op itself (chord.ops) before launch.
     """
+    decision = planned = None  # not looked up yet (decision False: looked up, not made yet)
     if (not torch.compiler.is_compiling() and type(valid_shape_m) is int and valid_shape_m > 0
             and type(compute_config) is str
             and type(tuning_config) is str and type(config) is LayerConfig and outputs is not None
             and zero_point is None and bias is None and weight_scale_2 is None and input_scale is None
-            and input_scale_2 is None and hadamard_block_size is None and _launched(
-                config, inputs, weight, weight_scale, outputs, sorted_ids, expert_ids, num_tokens_padded,
-                expert_layout, top_k, valid_shape_m, compute_config, tuning_config)):
-        return outputs
+            and input_scale_2 is None and hadamard_block_size is None):
+        # the eager fast path of a repeated call: the layer decision, then its launch plan
+        decision = _DECISIONS.get((compute_config, tuning_config, config.num_experts, config.shape_n,
+                                   config.shape_k, valid_shape_m), False)
+        if decision:
+            planned = _launched(decision, config, inputs, weight, weight_scale, outputs, sorted_ids, expert_ids,
+                                num_tokens_padded, expert_layout, top_k)
+            if planned:
+                return outputs
     if (zero_point is not None or bias is not None or weight_scale_2 is not None or input_scale is not None
             or input_scale_2 is not None or (hadamard_block_size is not None and hadamard_block_size > 1)):
         _refuse_unsupported_args(zero_point, bias, weight_scale_2, input_scale, input_scale_2, hadamard_block_size)
@@ -263,8 +284,9 @@ def humming_forward(
             compute_key or "", tuning_key or "", config.num_experts, kn, kk)
     if torch.compiler.is_compiling():
         torch.ops.chord.humming_gemm(*args)
-    else:  # eager: skip the custom-op dispatcher round trip
-        _gemm(*args)
+    else:  # eager: skip the custom-op dispatcher round trip; what the fast path found is not looked up again
+        _gemm(*args, decision=decision,
+              planned=planned is False and x is inputs and out is outputs)
 
     if through_temp:
         outputs.copy_(out.view(*outputs.shape[:-1], kn)[..., : outputs.shape[-1]])
@@ -320,27 +342,23 @@ def check_layer_tensors(config: LayerConfig, weight: Any, weight_scale: Any, fn:
     _LAYERS_CHECKED[key] = True
 
 
-def _launched(config: LayerConfig, inputs, weight, weight_scale, outputs, sorted_ids, expert_ids, num_tokens_padded,
-              expert_layout, top_k: int, valid_shape_m: int, compute_config: str, tuning_config: str) -> bool:
-    """The eager fast path of a repeated call: its tuning row already looked up (_PLANS) and the
-    tensors exactly as given offered to chord's launch plans (chord.launch, csrc/host/launch.c).
-    A plan matches only tensors of the same dtypes, devices, shapes, strides and alignment as a
-    call chord.ops validated and launched, so inputs that humming_forward would pad, make
-    contiguous or reshape, or outputs it would route through a temporary, never match: they miss
-    and take the path below, as do dense layers (their expert layout is made per call). True:
-    launched (or nothing to launch)."""
-    plan = _PLANS.get((compute_config, tuning_config, config.num_experts, config.shape_n, config.shape_k,
-                       valid_shape_m))
-    if plan is None:
-        return False
+def _launched(decision: tuple, config: LayerConfig, inputs, weight, weight_scale, outputs, sorted_ids, expert_ids,
+              num_tokens_padded, expert_layout, top_k: int) -> Optional[bool]:
+    """The eager fast path of a repeated call whose layer decision is made: the tensors exactly as
+    given offered to chord's launch plans (chord.launch, csrc/host/launch.c). A plan matches only
+    tensors of the same dtypes, devices, shapes, strides and alignment as a call chord.ops
+    validated and launched, so inputs that humming_forward would pad, make contiguous or reshape,
+    or outputs it would route through a temporary, never match: they miss and take the path below,
+    as do dense layers (their expert layout is made per call). True: launched (or nothing to
+    launch); False: offered, no plan; None: not offered."""
     if weight.shape[0] != config.num_experts:  # another layer's weights: the path below refuses them
-        return False
-    family, schedule, block_m = plan
+        return None
+    family, schedule, block_m = decision
     if family == "indexed":
-        return type(top_k) is int and _chord.try_planned_indexed(schedule, top_k, block_m, inputs, weight, weight_scale,
-                                                                 sorted_ids, expert_ids, num_tokens_padded, outputs)
+        return _chord.try_planned_indexed(schedule, top_k, block_m, inputs, weight, weight_scale, sorted_ids,
+                                          expert_ids, num_tokens_padded, outputs) if type(top_k) is int else None
     if not config.num_experts:  # dense
-        return False
+        return None
     return _chord.try_planned_grouped(family, schedule, inputs, weight, weight_scale, expert_layout, outputs)
 
 
@@ -348,17 +366,25 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, out
           sorted_ids: Optional[torch.Tensor], expert_ids: Optional[torch.Tensor],
           num_tokens_padded: Optional[torch.Tensor], expert_layout: Optional[torch.Tensor], top_k: int,
           valid_shape_m: int, compute_config: str, tuning_config: str, num_experts: int, shape_n: int,
-          shape_k: int) -> None:
-    """Pick the schedule of the row vLLM used and run the family's op (kernel-shaped x and out)."""
-    family, schedule, block_m = _plan(compute_config or None, tuning_config or None, num_experts, shape_n, shape_k,
-                                      int(valid_shape_m))
+          shape_k: int, decision: "tuple | bool | None" = None, planned: bool = False) -> None:
+    """Run the family's op on the schedule of the row vLLM used (kernel-shaped x and out).
+
+    `decision`: the layer decision if humming_forward's fast path found it, False if it looked and
+    found none (made here without a second lookup), None if it did not look. `planned`: these very
+    tensors were offered to a launch plan and missed, so chord.ops' checked path runs without a
+    second offer."""
+    if decision is False:
+        decision = _decide((compute_config, tuning_config, num_experts, shape_n, shape_k, int(valid_shape_m)))
+    elif decision is None:
+        decision = _decision(compute_config, tuning_config, num_experts, shape_n, shape_k, int(valid_shape_m))
+    family, schedule, block_m = decision
     if family == "indexed":
         _chord.gemm_indexed(x, weight, weight_scale, sorted_ids, expert_ids, num_tokens_padded, out, top_k, block_m,
-                            schedule)
+                            schedule, planned=planned)
     elif family == "grouped_masked":
-        _chord.gemm_masked(x, weight, weight_scale, expert_layout, out, schedule)
+        _chord.gemm_masked(x, weight, weight_scale, expert_layout, out, schedule, planned=planned)
     else:  # grouped_contiguous, and dense layers as one expert
-        _chord.gemm_contiguous(x, weight, weight_scale, expert_layout, out, schedule)
+        _chord.gemm_contiguous(x, weight, weight_scale, expert_layout, out, schedule, planned=planned)
 
 
 @torch.library.custom_op("chord::humming_gemm", mutates_args=("out",))

@@ -305,18 +305,18 @@ def test_batch_invariant_tuning_is_one_schedule_for_every_m(gemm_type):
 
 def test_forward_batch_invariant_needs_one_schedule_rows():
     from humming.config import LayerConfig
-    from humming.forward import _plan
+    from humming.forward import _decision
     from humming.tune import get_heuristics_config
 
     compute = json.dumps({"use_batch_invariant": True, "gemm_type": "indexed"})
     cfg = LayerConfig(shape_n=4096, shape_k=7168, num_experts=48)
     inv = json.dumps(get_heuristics_config(layer_config=cfg, gemm_type="indexed", use_batch_invariant=True))
-    plans = {_plan(compute, inv, 48, 4096, 7168, m)[1] for m in (1, 48, 3000, 30000)}
-    assert len(plans) == 1
-    assert {_plan(compute, None, 48, 4096, 7168, m)[1] for m in (1, 30000)} == plans
+    schedules = {_decision(compute, inv, 48, 4096, 7168, m)[1] for m in (1, 48, 3000, 30000)}
+    assert len(schedules) == 1
+    assert {_decision(compute, None, 48, 4096, 7168, m)[1] for m in (1, 30000)} == schedules
     many = json.dumps(get_heuristics_config(layer_config=cfg, gemm_type="indexed"))
     with pytest.raises(ValueError, match="use_batch_invariant=True"):
-        _plan(compute, many, 48, 4096, 7168, 5)
+        _decision(compute, many, 48, 4096, 7168, 5)
 
 
 @pytest.mark.parametrize("flag", ["use_f16_accum"])

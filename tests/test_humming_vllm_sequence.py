@@ -597,7 +597,7 @@ def test_repeated_forwards_launch_through_chord_plans(case, planned, monkeypatch
     launch.fast_launch(True)
     launch.clear()
     python_path, real = [], forward._gemm
-    monkeypatch.setattr(forward, "_gemm", lambda *a: python_path.append(1) or real(*a))
+    monkeypatch.setattr(forward, "_gemm", lambda *a, **k: python_path.append(1) or real(*a, **k))
     err1, _, _ = run_scenario("cuda", **args)
     assert len(python_path) == 2  # gate_up and down: the first calls make the plans
     err2, _, _ = run_scenario("cuda", **args)

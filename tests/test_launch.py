@@ -9,8 +9,8 @@ checked without a GPU:
   memory and the current stream; overlap of out and x, another stream for a workspace-bound
   plan and a missing plan are misses; a no-op plan launches nothing; a failed launch is a miss;
 * through chord.ops (kernel and device stubbed): the parameter block the C module builds for a
-  second call equals the one the Python path packs for that call, for all three families, with
-  split-K workspaces and PDL.
+  second call equals the one the Python path packs for that call (chord.launch.run, from the
+  call's launch record), for all three families, with split-K workspaces and PDL.
 """
 from __future__ import annotations
 
@@ -195,13 +195,15 @@ def test_a_plan_checks_out_against_every_tensor_item(fast):
         launch.remember("sch", items, (None, 0, 8, 16, 24, 32), out_item=5, extents=(0, 1), noop=True)
 
 
-def test_ops_plans_record_the_span_of_every_item():
+def test_ops_launch_records_hold_the_span_of_every_item():
     from chord import ops
 
     x, w = torch.empty(4, 64, dtype=torch.bfloat16), torch.empty(2, 8, dtype=torch.int32)
     out = torch.empty(4, 32, dtype=torch.bfloat16)
-    items, slots, out_item, extents = ops._plan((1, 2, x, w, out), (None, None, 0, 8, 16), x, out)
-    assert out_item == 4 and extents == (0, 0, 512, 64, 256)
+    record = ops._record((1, 2, x, w, out), (None, None, 0, 8, 16))
+    assert isinstance(record, launch.Record) and record.items == (1, 2, x, w, out)
+    assert record.slots == (None, None, 0, 8, 16)
+    assert record.out_item == 4 and record.extents == (0, 0, 512, 64, 256)
     assert ops._span_bytes(torch.empty(64, 4, dtype=torch.bfloat16).t()) == 512  # strided: the span, not numel
     assert ops._span_bytes(torch.empty(0, 4)) == 0
 

@@ -406,13 +406,12 @@ def test_the_humming_fast_path_never_takes_another_layers_weights(monkeypatch):
     _, w4 = _layer(4, 256, 128)
     offered = []
     monkeypatch.setattr(_chord, "try_planned_grouped", lambda *a: offered.append(a) or True)
-    key = ("cc", "tc", 8, 256, 128, 3)
-    monkeypatch.setitem(forward._PLANS, key, ("grouped_contiguous", SCON, 16))
+    decision = ("grouped_contiguous", SCON, 16)
     args = (torch.zeros(3, 128).to(BF16), w4["weight"], w4["weight_scale"], torch.empty(3, 256).to(BF16), None, None,
-            None, torch.zeros(9, dtype=torch.int64), 1, 3, "cc", "tc")
-    assert forward._launched(cfg8, *args) is False and not offered
+            None, torch.zeros(9, dtype=torch.int64), 1)
+    assert forward._launched(decision, cfg8, *args) is None and not offered  # not offered: the path below refuses it
     _, w8 = _layer(8, 256, 128)
-    assert forward._launched(cfg8, args[0], w8["weight"], w8["weight_scale"], *args[3:]) is True and offered
+    assert forward._launched(decision, cfg8, args[0], w8["weight"], w8["weight_scale"], *args[3:]) is True and offered
 
 
 @pytest.mark.parametrize("top_k", [True, 2.7, 0, -1, "2"])

@@ -159,7 +159,7 @@ def _signature(schedule, items):
 @pytest.fixture
 def emulated(sc, monkeypatch):
     """chord.ops and chord.launch on CPU tensors with the kernel emulated: the Python launch path
-    (ops._launch) runs the row contract and records a plan; the C module (launch.MODULE) launches
+    (ops._launch, with the call's launch record) runs the row contract and records a plan; the C module (launch.MODULE) launches
     a recorded plan's signature the same way."""
     from chord import launch, ops
 
@@ -176,11 +176,12 @@ def emulated(sc, monkeypatch):
             _emulate(items, state["skip"])
             return None
 
-    def python_launch(sched, grid, x, params, op, schedule_id, qweight, n, plan=None):
-        _emulate(plan[0], state["skip"])
-        launch.PLANS[_signature(schedule_id, plan[0])] = b""
+    def python_launch(sched, kernel, grid, x, fields, op, schedule_id, record):
+        _emulate(record.items, state["skip"])
+        launch.PLANS[_signature(schedule_id, record.items)] = b""
 
     monkeypatch.setattr(launch, "MODULE", FakeModule)
+    monkeypatch.setattr(ops, "_kernel", lambda sched, qweight, n: None)  # no kernel to build: emulated
     monkeypatch.setattr(ops, "_launch", python_launch)
     monkeypatch.setattr(ops, "check_cuda_sm90", lambda t, name="x": None)
     monkeypatch.setattr(_chord, "_use_reference", lambda x: False)
