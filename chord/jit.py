@@ -667,10 +667,11 @@ def build_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> BuildResult
     weights' shape)."""
     if isinstance(tile_group_cap, bool) or tile_group_cap not in TILE_GROUPS:
         raise ValueError(f"build_schedule: tile_group_cap must be 1, 2, 4 or 8, got {tile_group_cap!r}")
-    if schedule.bulk_w and tile_group_cap != 8:
-        raise JitError(f"schedule {schedule.id}: bulk_w=1 copies whole groups of 8 weight tiles, so it needs weights "
+    bulk = "bulk_w=1" if schedule.bulk_w else "producer=1" if schedule.producer and schedule.mainloop == "mma" else None
+    if bulk and tile_group_cap != 8:
+        raise JitError(f"schedule {schedule.id}: {bulk} copies whole groups of 8 weight tiles, so it needs weights "
                        f"packed with the default tile group (cap 8), got cap {tile_group_cap} (CHORD_TILE_GROUP); "
-                       "use bulk_w=0 for the layout's ablation")
+                       f"use {bulk[:-1]}0 for the layout's ablation")
     flags = () if tile_group_cap == 8 else (f"-DCHORD_TILE_GROUP_LOG={tile_group_cap.bit_length() - 1}",)
     _record_kernel(schedule, tile_group_cap)
     return build(render(schedule), name=schedule.id, extra_flags=flags)

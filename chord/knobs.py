@@ -89,8 +89,11 @@ KNOBS: tuple[Knob, ...] = (
          "wgmma groups left in flight while the next K block is dequantized (batched wait_group 1)", off=0,
          requires=(("mainloop", "wgmma"),)),
     Knob("producer", "ws", 0, (0, 1), "kProducer",
-         "wgmma: 1 = one producer warp feeds the ring through mbarriers (warp-specialized), 0 = every thread "
-         "copies and a CTA barrier per K block publishes it", off=0, requires=(("mainloop", "wgmma"),)),
+         "1 = warp-specialized: producer warps fill the ring and publish each stage on an mbarrier, the MMA warps "
+         "wait only for data and hand each slot back on another (mma: one producer warp moving a stage's weights "
+         "and scales with the copy engine, cp.async.bulk of 4 KB + 512 B per 128 features, and its activation "
+         "rows with cp.async; wgmma: a producer warpgroup of cp.async copies that gives its registers to the "
+         "consumers); 0 = every thread copies and a CTA barrier per K block publishes a stage", off=0),
     Knob("group_steps", "gs", 4, (1, 2, 4), "kGroupSteps",
          "wgmma: k16 steps per committed wgmma group (4: one group per K block; 1-2: 4/GS groups per block, "
          "two register sets of GS steps, for tiles whose accumulators leave no room for four steps)",
@@ -256,9 +259,14 @@ class Schedule:
         if self.block_n <= 0 or self.block_n % (16 * self.warps):
             raise ValueError(f"block_n must be a positive multiple of 16*warps={16 * self.warps}, "
                              f"got {self.block_n}")
-        for name in ("wgmma_wait", "producer", "group_steps"):
+        for name in ("wgmma_wait", "group_steps"):
             if getattr(self, name) != KNOB[name].default:
                 raise ValueError(f"{name} applies to mainloop wgmma only, got {getattr(self, name)} with mma")
+        if self.producer and self.block_n % 128:
+            raise ValueError(f"producer=1 with mainloop mma copies whole groups of 8 weight tiles (128 features) "
+                             f"with the copy engine, so it needs block_n a multiple of 128, got {self.block_n}")
+        if self.producer and self.stream_k:
+            raise ValueError("producer=1 with mainloop mma walks one tile per CTA; stream_k=1 needs producer=0")
         if self.swap == 0 and self.stmatrix != KNOB["stmatrix"].default:
             raise ValueError(f"stmatrix applies to the swapped layout only (swap=1), got stmatrix={self.stmatrix} "
                              f"with swap=0")
@@ -322,8 +330,9 @@ class Schedule:
 
     @property
     def threads(self) -> int:
-        """Threads per CTA: the MMA warps, plus the producer warpgroup of a warp-specialized loop."""
-        return self.warps * 32 + (128 if self.producer else 0)
+        """Threads per CTA: the MMA warps, plus the producers of a warp-specialized loop (wgmma: a
+        warpgroup; mma: one warp)."""
+        return self.warps * 32 + ((128 if self.mainloop == "wgmma" else 32) if self.producer else 0)
 
     @property
     def smem_bytes(self) -> int:

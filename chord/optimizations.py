@@ -90,9 +90,11 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "set; off: wait_group 0 after every group (bit-identical)",
                  "knob", "wgmma_wait", IMPLEMENTED, "02_wgmma_pipelining"),
     Optimization("warp-specialized producer",
-                 "a producer warpgroup feeds the ring through mbarriers and gives its registers to the consumers "
-                 "(setmaxnreg); off: every thread copies, one CTA barrier per K block. Measured slower on H200 "
-                 "(docs/optimizations.md), so no profile rule uses it",
+                 "producers fill the ring and publish each stage on an mbarrier, the MMA warps wait only for data: "
+                 "on the mma loop one producer warp moves a stage's weights and scales with the copy engine "
+                 "(cp.async.bulk) and gathers its activation rows; on the wgmma loop a producer warpgroup gives its "
+                 "registers to the consumers (setmaxnreg). Off: every thread copies, one CTA barrier per K block. "
+                 "The wgmma side measured slower on H200 (docs/optimizations.md)",
                  "knob", "producer", IMPLEMENTED, "02_wgmma_pipelining"),
     Optimization("tile raster",
                  "groups of token tiles walk every N block before the next group, so an expert's weights are read "

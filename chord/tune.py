@@ -114,6 +114,10 @@ def candidates(family: str, n: int, rows_per_expert: float,
     # folded group scales on the 8-token mma tiles, where they save most instructions per weight
     # (docs/optimizations.md: -1.4 to -3 % on EP8-decode gate_up, +2-4 % on TP8 one / 16 tokens)
     out += [dataclasses.replace(s, fold=1) for s in list(out) if s.mainloop == "mma" and s.block_m == 8 and s.swap == 1]
+    # the decode tiles fed by a producer warp (bulk copies of whole tile groups, an mbarrier ring)
+    out += [c for c in (_or_none(dataclasses.replace, s, producer=1) for s in list(out)
+                        if s.mainloop == "mma" and s.block_m <= 16 and s.block_n % 128 == 0 and not s.stream_k)
+            if c is not None and _fits(c)]
     if k is not None and k // 64 <= SHORT_K_BLOCKS:
         for s in list(out):
             if s.split_k != 1 or s.producer or s.cluster_n != 1:
@@ -128,6 +132,14 @@ def candidates(family: str, n: int, rows_per_expert: float,
                 if _fits(c):
                     out.append(c)
     return out
+
+
+def _or_none(make, *args, **kw):
+    """make(*args, **kw), or None where that schedule is not legal."""
+    try:
+        return make(*args, **kw)
+    except ValueError:
+        return None
 
 
 def _pair_and_tma_variants(family: str, n: int, rows_per_expert: float, s: Schedule) -> list[Schedule]:

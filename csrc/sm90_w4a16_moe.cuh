@@ -3,7 +3,7 @@
 // Cfg::kBlockM, Cfg::kSplitK, ...):
 //   family (row source: indexed / grouped_contiguous / grouped_masked, moe/rows.cuh)
 //   x main loop (mainloop/, one part each, chosen by MainloopFor: MmaSwap16, cp.async +
-//     mma.sync; WgmmaMultistage, cp.async + wgmma with a CTA barrier per K block;
+//     mma.sync; MmaProducer, its tile fed by a producer warp (bulk copies, mbarriers); WgmmaMultistage, cp.async + wgmma with a CTA barrier per K block;
 //     WgmmaWarpSpecialized, a producer warpgroup and mbarriers; the two wgmma loops share
 //     WgmmaTile)
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
@@ -33,6 +33,7 @@
 
 #include "common/params.cuh"
 #include "common/tma.cuh"
+#include "mainloop/mma_producer.cuh"
 #include "mainloop/mma_swap16.cuh"
 #include "mainloop/wgmma_multistage.cuh"
 #include "mainloop/wgmma_warp_specialized.cuh"
@@ -47,12 +48,13 @@ struct MaxOf {
   static constexpr int value = A > B ? A : B;
 };
 
-// The main loop part a configuration names: mainloop mma -> MmaSwap16; wgmma -> WgmmaMultistage,
-// or WgmmaWarpSpecialized with producer = 1.
+// The main loop part a configuration names: mainloop mma -> MmaSwap16, or MmaProducer with
+// producer = 1; wgmma -> WgmmaMultistage, or WgmmaWarpSpecialized with producer = 1.
 template <class Cfg>
 struct MainloopFor {
-  using type = std::conditional_t<Cfg::kMainloop == Mainloop::kMma, MmaSwap16<Cfg>,
-                                  std::conditional_t<Cfg::kProducer, WgmmaWarpSpecialized<Cfg>, WgmmaMultistage<Cfg>>>;
+  using type = std::conditional_t<
+      Cfg::kMainloop == Mainloop::kMma, std::conditional_t<Cfg::kProducer, MmaProducer<Cfg>, MmaSwap16<Cfg>>,
+      std::conditional_t<Cfg::kProducer, WgmmaWarpSpecialized<Cfg>, WgmmaMultistage<Cfg>>>;
 };
 
 // Whether a main loop reads the activations through a tensor map (WgmmaMultistage::kTmaX).

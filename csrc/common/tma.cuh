@@ -29,6 +29,22 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
                : "memory");
 }
 
+// The same copy with an L2 eviction hint (`policy`: ptx.cuh make_evict_first_policy), for bytes
+// read once (the decode weights); without the hint under CHORD_NO_L2_HINT.
+__device__ __forceinline__ void bulk_copy_g2s_stream(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                     uint64_t policy) {
+#ifdef CHORD_NO_L2_HINT
+  (void)policy;
+  bulk_copy_g2s(dst, src, bytes, bar);
+#else
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+#endif
+}
+
 // The box of `map` at (c0 = innermost coordinate, c1 = row) to shared `dst`, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaDescriptor* map, int c0, int c1, uint32_t bar) {
   asm volatile(

@@ -42,6 +42,8 @@ def _sample(family: str, rng: random.Random) -> Schedule | None:
         warps, stages = rng.choice((1, 2, 4, 4, 8)), rng.randint(2, 8)
         if bm % 16 == 0:
             kw["swap"] = rng.choice((1, 1, 0))
+        if bn % 128 == 0:  # the tile fed by a producer warp (bulk copies of whole tile groups)
+            kw["producer"] = rng.choice((0, 0, 1))
     c = rng.choice((1, 2))
     split = rng.choice((1, 1, 1, 2, 3, 4))
     nt = rng.choice((1, 1, 2, 4)) if split == 1 and not kw.get("producer") else 1
@@ -51,12 +53,13 @@ def _sample(family: str, rng: random.Random) -> Schedule | None:
         kw["bulk_w"] = rng.choice((0, 0, 1)) if bn % 128 == 0 else 0
         kw["tma_x"] = rng.choice((0, 0, 1)) if family != "indexed" else 0
     raster = rng.choice((0, 0, 4))
-    if not wg and family == "indexed" and split == 1 and nt == 1 and kw.get("swap", 1) and rng.random() < 0.3:
+    if (not wg and family == "indexed" and split == 1 and nt == 1 and kw.get("swap", 1) and not kw.get("producer")
+            and rng.random() < 0.3):
         kw["stream_k"], raster = 1, 0  # stream-K splits the tile grid itself (no raster, no pairs)
     if not kw.get("persistent") and not kw.get("stream_k"):
         kw["cluster_n"] = rng.choice((1, 1, 1, 2))
     try:
-        return Schedule(family, bm, bn, warps, stages, c if not kw.get("producer") else 1, split_k=split,
+        return Schedule(family, bm, bn, warps, stages, c if not (wg and kw.get("producer")) else 1, split_k=split,
                         raster=raster, n_tiles=nt, **kw)
     except ValueError:
         return None

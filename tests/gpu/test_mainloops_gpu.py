@@ -360,3 +360,41 @@ def test_persistent_refuses_a_ring_deeper_than_one_tile():
     x = torch.randn(m, 128, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="persistent=1 keeps the ring at most one tile ahead"):
         run_indexed(s, x, pw, r, top_k, m * top_k)
+
+
+# --- the mma tile fed by a producer warp (producer=1, mainloop mma: csrc/mainloop/mma_producer.cuh) ---
+
+MMA_PRODUCER_TILES = [(8, 128, 4, 6, {}), (8, 256, 4, 6, {"fold": 1}), (16, 256, 4, 4, {}),
+                      (32, 128, 2, 3, {"swap": 0}), (8, 128, 4, 2, {"split_k": 3}), (64, 256, 8, 4, {})]
+
+
+@pytest.mark.parametrize("tile", MMA_PRODUCER_TILES, ids=lambda t: f"m{t[0]}n{t[1]}w{t[2]}s{t[3]}" + "".join(
+    f"-{k}{v}" for k, v in t[4].items()))
+@pytest.mark.parametrize("k", [64, 704, 7168])  # 1, 11 (odd, fewer than some rings) and 112 K blocks
+def test_mma_producer_is_bit_identical_to_the_multistage_loop(tile, k):
+    """The same stage layout and the same compute_stage: the same bits as producer=0 on the indexed
+    family (gate_up and down style), with the float32 reference, padding rows and skipped blocks."""
+    bm, bn, warps, stages, kw = tile
+    base = Schedule("indexed", bm, bn, warps, stages, 1, **kw)
+    s = override(base, producer=1)
+    assert s.threads == warps * 32 + 32
+    e, n, m, top_k = 12, 512, 37, 4
+    qe, pw = experts(e, n, k)
+    ids = routing.random_topk_ids(m, e - 2, top_k, seed=bm + k, device="cuda")  # two experts without rows
+    r = routing.align_block_size(ids, bm, e)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    out = run_indexed(s, x, pw, r, top_k, m * top_k)
+    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r, top_k)) < BF16_TOL, s.id
+    assert same_bits(out, run_indexed(base, x, pw, r, top_k, m * top_k)), s.id
+    x2 = torch.randn(m * top_k, k, device="cuda").bfloat16()
+    out2 = run_indexed(s, x2, pw, r, 1, m * top_k)
+    assert same_bits(out2, run_indexed(base, x2, pw, r, 1, m * top_k)), s.id
+
+
+@pytest.mark.parametrize("family", ["grouped_contiguous", "grouped_masked"])
+def test_mma_producer_grouped_families(family):
+    s = Schedule(family, 8, 256, 4, 6, 2, producer=1, fold=1)
+    if family == "grouped_contiguous":
+        check_contiguous(s, 1)
+    else:
+        check_masked(s, 13)
