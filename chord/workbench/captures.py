@@ -13,23 +13,12 @@ from __future__ import annotations
 import tempfile
 
 from chord.workbench.data import gpu_available, recorded_capture, recorded_file
+from chord.workbench.explore import todays_schedules  # noqa: F401  (the notebooks' name for it here)
 
 
 def profile_commands(scenario: str, family: str) -> list[str]:
     return [f"chord profile --scenario {scenario} --family {family} --tool {tool} --out prof-{tool}"
             for tool in ("torch", "nsys", "ncu")]
-
-
-def todays_schedules(scenario: str, family: str, suite=None) -> dict:
-    """``{"gate_up": id, "down": id}``: what the profile and selection policy in use pick today for
-    this scenario's calls (the schedules `chord bench` and `chord profile` would launch)."""
-    from chord.bench.inputs import scenario_for
-    from chord.bench.runner import ChordAPI, scenario_schedules
-    from chord.schedule import gpu_profile_name
-
-    sc = scenario_for(suite, scenario, family, who="capture")
-    gate_up, down = scenario_schedules(family, sc, ChordAPI.profile(gpu_profile_name(), sc))
-    return {"gate_up": gate_up.id, "down": down.id}
 
 
 def stale_schedules(cap: dict) -> dict:

@@ -1,7 +1,8 @@
 """Schedule decisions as rows, for sliders and sweeps. Pure functions of host integers.
 
 Every number here comes from ``chord.schedule`` (the same `select` serving uses) and the Kimi
-K2 shapes of the suite; nothing is measured.
+K2 shapes of the suite; nothing is measured. `todays_schedules` gives the schedules the policy in
+use picks today for a suite scenario's calls (what `chord bench` and `chord capture` launch).
 """
 from __future__ import annotations
 
@@ -85,3 +86,15 @@ def sweep_tok_e(deployment: str, family: str, gemm: str, tok_e_values, sms: int 
                 policy: str | None = None, role: str | None = None) -> list[dict]:
     """`decision_row` for each tokens-per-expert value."""
     return [decision_row(deployment, family, gemm, t, sms, policy, role) for t in tok_e_values]
+
+
+def todays_schedules(scenario: str, family: str, suite=None) -> dict:
+    """``{"gate_up": id, "down": id}``: what the profile and selection policy in use pick today for
+    this scenario's calls (the schedules `chord bench` and `chord profile` would launch)."""
+    from chord.bench.inputs import scenario_for
+    from chord.bench.runner import ChordAPI, scenario_schedules
+    from chord.schedule import gpu_profile_name
+
+    sc = scenario_for(suite, scenario, family, who="capture")
+    gate_up, down = scenario_schedules(family, sc, ChordAPI.profile(gpu_profile_name(), sc))
+    return {"gate_up": gate_up.id, "down": down.id}

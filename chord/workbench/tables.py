@@ -115,7 +115,7 @@ def decisions_since(result: dict) -> list[str]:
     selection policy in use picks today, as ``"<scenario> <family>: <gemm> <recorded> -> <today>"``
     (empty for a live result, or when every row is today's decision)."""
     from chord.bench import report
-    from chord.workbench.captures import todays_schedules
+    from chord.workbench.explore import todays_schedules
 
     meta = result.get("meta", {})
     if not meta.get("file"):
