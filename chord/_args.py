@@ -162,6 +162,20 @@ def check_out_dir(name: str, value: str | os.PathLike) -> Path:
     return p
 
 
+def check_out_file(name: str, value: str | os.PathLike, suffix: str) -> Path:
+    """A file the command may write: its name ends in `suffix`, it is not a folder, and its folder
+    exists writable or can be created (nothing is created here)."""
+    p = Path(value).expanduser()
+    if not p.name.endswith(suffix):
+        raise UsageError(f"{_named(name, str(value))} must name a {suffix} file")
+    if p.is_dir():
+        raise UsageError(f"{_named(name, str(value))} is a folder; give a {suffix} file path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UsageError(f"{_named(name, str(value))}: the file is not writable")
+    check_out_dir(name, p.absolute().parent)
+    return p
+
+
 def check_humming_dir(name: str, value: str | os.PathLike) -> Path:
     """An install folder of upstream humming-kernels (it holds ``humming/__init__.py``)."""
     from chord.bench.humming_baseline import UPSTREAM_VERSION

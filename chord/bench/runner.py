@@ -14,7 +14,8 @@ With a CUDA GPU, for every selected scenario and family:
 5. floors from the ceilings measured at the start of the run (``chord.bench.floors``).
 
 Then Humming: with ``--humming-dir`` the upstream baseline runs in a subprocess
-(``python -P -m chord.bench.humming_baseline``, upstream dir first on ``PYTHONPATH``) on the same
+(``python -P -m chord.bench.humming_worker``, upstream dir first on ``PYTHONPATH``:
+:mod:`chord.bench.humming_baseline`) on the same
 scenarios, seed and GPU, and its rows are merged; without it, the numbers of the committed
 baseline file are shown under their own provider name, never mixed up with live numbers.
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import os
 import subprocess
 import sys
 import time
@@ -39,13 +39,14 @@ from typing import Callable, TextIO
 
 from chord import _env
 from chord.bench import floors as F
+from chord.bench import humming_baseline as HB
 from chord.bench import inputs as I
 from chord.bench import report, timing
 from chord.bench.suite import DEFAULT_BASELINE, Scenario, cpu_scenarios, load_suite, scenarios_by_weights
 
 PROVIDER_CHORD = "chord"
-PROVIDER_HUMMING = "humming-0.1.20"
-PROVIDER_COMMITTED = "humming-0.1.20 [committed file, not run]"
+PROVIDER_HUMMING = HB.PROVIDER
+PROVIDER_COMMITTED = f"{HB.PROVIDER} [committed file, not run]"
 QUICK_SCENARIOS = ("ep8-decode-tok4", "ep8-prefill-tok128", "tp8-m1", "tp8-m1024")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -318,30 +319,10 @@ def run_chord_gpu(selected, opts: BenchOptions, ceilings, common: dict, log) -> 
 
 
 def humming_command(opts: BenchOptions, ids: str, families: str | None, json_out: Path) -> list[str]:
-    cmd = [sys.executable, "-P", "-m", "chord.bench.humming_baseline", "--humming-dir", str(opts.humming_dir),
-           "--scenarios", ids, "--seed", str(opts.seed), "--json-out", str(json_out),
-           "--warmup-ms", str(opts.warmup_ms), "--rep-ms", str(opts.rep_ms), "--check-rows", str(opts.check_rows),
-           "--codes", opts.codes, "--tuning-rows", opts.humming_tuning_rows]
-    if opts.suite:
-        cmd += ["--suite", str(opts.suite)]
-    if families:
-        cmd += ["--families", families]
-    if not opts.cuda_graph:
-        cmd += ["--no-cuda-graph"]
-    return cmd
-
-
-def humming_env(humming_dir: str) -> dict:
-    """Upstream dir first, then the dir that holds the ``chord`` package, then what was there."""
-    import chord
-
-    chord_root = str(Path(chord.__file__).resolve().parents[1])
-    env = _env.environ()  # what this process sees (a chord bench --policy included)
-    parts = [str(Path(humming_dir).expanduser().resolve()), chord_root]
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
+    """The upstream worker's command line for these options (chord.bench.humming_baseline.command)."""
+    return HB.command(opts.humming_dir, json_out, scenarios=ids, families=families, suite=opts.suite, seed=opts.seed,
+                      warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms, check_rows=opts.check_rows, codes=opts.codes,
+                      tuning_rows=opts.humming_tuning_rows, cuda_graph=opts.cuda_graph)
 
 
 def run_humming_subprocess(selected, opts: BenchOptions, out_dir: Path, log) -> tuple[list[dict], dict]:
@@ -349,13 +330,7 @@ def run_humming_subprocess(selected, opts: BenchOptions, out_dir: Path, log) -> 
     json_out = out_dir / "humming-raw.json"
     cmd = humming_command(opts, ids, opts.families, json_out)
     log("humming: " + " ".join(cmd))
-    proc = subprocess.run(cmd, env=humming_env(opts.humming_dir), cwd=str(out_dir))
-    data = json.loads(json_out.read_text()) if json_out.exists() else {"meta": {}, "rows": []}
-    data["meta"]["returncode"] = proc.returncode
-    if proc.returncode != 0:
-        log(f"humming: the baseline subprocess exited with status {proc.returncode}"
-            + (" (upstream humming not found where --humming-dir says)" if proc.returncode == 3 else ""))
-    return data.get("rows", []), data.get("meta", {})
+    return HB.run_worker(cmd, HB.environment(opts.humming_dir), json_out, cwd=out_dir, log=log)
 
 
 def committed_baseline_rows(selected, baseline_file: str | Path, common: dict) -> tuple[list[dict], dict]:
