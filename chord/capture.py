@@ -1,4 +1,4 @@
-"""Profiler captures of the very calls the bench times, NVTX-annotated (`chord profile`).
+"""Profiler captures of the very calls the bench times, NVTX-annotated (`chord capture`).
 
     from chord import capture
     cap = capture.capture("ep8-prefill-tok128", "indexed", tool="torch", out_dir="prof-out")
@@ -14,7 +14,7 @@ Tools:
 * ``torch``: torch.profiler (CPU + CUDA activity) in this process; writes ``trace.json`` (Chrome
   trace, opens in Perfetto), ``summary.json`` and ``timeline.html``. The NVTX ranges are mirrored as
   record_function ranges, which torch.profiler does see.
-* ``nsys``: ``nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi`` over ``chord profile
+* ``nsys``: ``nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi`` over ``chord capture
   --tool none`` in a subprocess (the warm-up pair runs before cudaProfilerStart); writes
   ``report.nsys-rep``, the ``nsys stats`` tables as CSV (``stats_<report>.csv``: NVTX ranges
   with their GPU projection, kernels, and the per-event traces) parsed into the capture's range
@@ -180,7 +180,7 @@ def _torch_capture(scenario, family, iters, out_dir: Path, suite, profile_file, 
     kernels = merge_rows(kernels, "kernel")
     torch.cuda.synchronize()
     page = timeline.write_html(timeline.from_chrome_trace(trace), out_dir / "timeline.html",
-                               f"chord profile {scenario} {family}{_graph_title(cuda_graph)} (torch.profiler)")
+                               f"chord capture {scenario} {family}{_graph_title(cuda_graph)} (torch.profiler)")
     return Capture(scenario, family, "torch", iters, schedules, ranges, kernels,
                    {"trace": str(trace), "timeline": str(page)}, cuda_graph)
 
@@ -252,7 +252,7 @@ def _planned_schedules(scenario, family, suite, profile_file) -> dict:
 
 
 def _self_command(scenario, family, iters, suite, profile_file, cuda_graph: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "chord.cli", "profile", "--tool", "none", "--scenario", scenario,
+    cmd = [sys.executable, "-m", "chord.cli", "capture", "--tool", "none", "--scenario", scenario,
            "--family", family, "--iters", str(iters), *(["--cuda-graph"] if cuda_graph else [])]
     if suite:
         cmd += ["--suite", str(suite)]
@@ -350,7 +350,7 @@ def capture(scenario: str, family: str = "indexed", tool: str = "torch", out_dir
         page = timeline.write_html(timeline.from_nsys_traces(tables.get("cuda_gpu_trace"),
                                                              tables.get("nvtx_gpu_proj_trace")),
                                    out / "timeline.html",
-                                   f"chord profile {scenario} {family}{_graph_title(cuda_graph)} (Nsight Systems)")
+                                   f"chord capture {scenario} {family}{_graph_title(cuda_graph)} (Nsight Systems)")
         cap = Capture(scenario, family, "nsys", iters, _planned_schedules(scenario, family, suite, profile_file),
                       ranges, kernels,
                       {"tool": nsys, "report": str(rep) + ".nsys-rep", "log": str(out / "nsys.log"),

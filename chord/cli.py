@@ -1,5 +1,5 @@
 """The ``chord`` command line: ``chord bench``, ``chord tune``, ``chord info``, ``chord precompile``,
-``chord profile``, ``chord limits``, ``chord doctor`` (chord.doctor).
+``chord capture``, ``chord limits``, ``chord variant``, ``chord doctor`` (chord.doctor).
 
 Every flag and every CHORD_* environment value a command reads is checked (``chord._args``)
 before the command does anything, the same way on a machine with or without a GPU: a bad one
@@ -7,9 +7,14 @@ exits 2 with a message naming it and the valid choices.
 
 ``chord bench`` runs a suite (see ``chord.bench.runner``); without a CUDA GPU it says so on its
 first line and runs the float32 reference path on scaled-down scenarios instead (exit 0 when
-the reference checks pass). ``chord info`` prints versions, the GPU, the compiler, the cache and
-the profiles. ``chord precompile`` builds every kernel a profile can select. ``chord profile``
-captures one scenario's calls with torch.profiler, Nsight Systems or Nsight Compute (chord.capture).
+the reference checks pass); ``--gemm`` times one GEMM under given schedules (chord.bench.one_gemm),
+``--host-time`` the host time of one call (chord.bench.host_time), ``--layout-ablation`` the weight
+layout against tile-major weights (chord.bench.layout_ablation). ``chord info`` prints versions,
+the GPU, the compiler, the cache and the profiles. ``chord precompile`` builds every kernel a
+profile can select, and more on request, and packs them to carry (chord.precompile). ``chord
+capture`` captures one scenario's calls with torch.profiler, Nsight Systems or Nsight Compute
+(chord.capture); ``chord profile`` is its earlier name, kept for one release with a warning.
+``chord variant`` writes a copy of a profile with knobs set on every rule (chord.variant).
 """
 from __future__ import annotations
 
@@ -85,11 +90,115 @@ def _add_bench(sub) -> None:
     p.add_argument("--policy", default=None,
                    help="selection policy: 'profile' (the tuned rules), 'heuristic[,-rule...]' (no profile row) or "
                         "'batch_invariant'. Default $CHORD_POLICY, else profile")
+    g = p.add_argument_group("one GEMM instead of the suite (for A/B timings and under ncu / nsys)")
+    g.add_argument("--gemm", choices=GEMMS, default=None,
+                   help="time this GEMM of the one scenario --scenarios names (and of the one family --families "
+                        "names, default the scenario's first) under each --schedule; outputs compared bit for bit")
+    g.add_argument("--schedule", action="append", default=None, metavar="ID",
+                   help="with --gemm: a schedule id to time (repeatable; the first is the reference the others are "
+                        "compared with; default: the schedule chord bench launches for that GEMM)")
+    g.add_argument("--rep-ms", type=float, default=None,
+                   help="with --gemm or --layout-ablation: do_bench rep per timing (ms; default 50 and 30)")
+    g.add_argument("--warmup-ms", type=float, default=None,
+                   help="with --gemm or --layout-ablation: do_bench warm-up per timing (ms; default "
+                        "chord.tune.WARMUP_MS = 100)")
+    h = p.add_argument_group("host time of one call instead of the suite")
+    h.add_argument("--host-time", action="store_true",
+                   help="CPU time per call of the scenario's GEMMs (default scenario tp8-m1): Chord's humming_forward "
+                        "(vLLM's path), chord.ops, the raw op, the driver launch alone; with --humming-dir also "
+                        "upstream Humming's humming_forward in its own process")
+    h.add_argument("--calls", type=int, default=None, help="with --host-time: timed calls per measurement (default 2000)")
+    h.add_argument("--parts", action="store_true",
+                   help="with --host-time: time the pieces of a raw call's Python side one by one")
+    h.add_argument("--cprofile", action="store_true", help="with --host-time: the trusted chord.ops call under cProfile")
+    la = p.add_argument_group("the weight layout's ablation instead of the suite")
+    la.add_argument("--layout-ablation", action="store_true",
+                    help="the layout's GEMMs (chord.tune.LAYOUT_GEMMS) on tile-grouped (G = 8) and tile-major (G = 1) "
+                         "weights; writes layout.json into --out, exits 1 if an output differs")
+    la.add_argument("--repeats", type=int, default=None, help="with --layout-ablation: timings of each GEMM and G "
+                                                                "(default 2)")
     p.set_defaults(func=_cmd_bench, check=_check_bench)
 
 
+GEMMS = ("gate_up", "down")
+#: the runs `chord bench` makes instead of the suite, and the flags that belong to each
+BENCH_MODES = {"--gemm": ("gemm", ("--schedule", "--rep-ms", "--warmup-ms")),
+               "--host-time": ("host_time", ("--calls", "--parts", "--cprofile")),
+               "--layout-ablation": ("layout_ablation", ("--rep-ms", "--warmup-ms", "--repeats"))}
+_MODE_FLAGS = {"--schedule": "schedule", "--rep-ms": "rep_ms", "--warmup-ms": "warmup_ms", "--calls": "calls",
+               "--parts": "parts", "--cprofile": "cprofile", "--repeats": "repeats"}
+
+
+def _bench_mode(args: argparse.Namespace) -> str | None:
+    """The one of --gemm / --host-time / --layout-ablation given (None: the suite); a flag of
+    another mode, or two modes, are refused by name."""
+    given = [flag for flag, (dest, _) in BENCH_MODES.items() if getattr(args, dest)]
+    if len(given) > 1:
+        raise _args.UsageError(f"{' and '.join(given)} are different runs; give one of them")
+    mode = given[0] if given else None
+    allowed = BENCH_MODES[mode][1] if mode else ()
+    for flag, dest in _MODE_FLAGS.items():
+        if getattr(args, dest) not in (None, False) and flag not in allowed:
+            owners = " or ".join(m for m, (_, flags) in BENCH_MODES.items() if flag in flags)
+            raise _args.UsageError(f"{flag} applies with {owners} only")
+    return mode
+
+
+def _one_scenario(args: argparse.Namespace, mode: str, default: str | None = None):
+    """(scenario, family) of a one-scenario run: --scenarios must name exactly one (or none for
+    `default`), --families at most one that the scenario runs (default its first)."""
+    from chord.bench.suite import load_suite
+
+    ids = _args.split_list(args.scenarios) or ([default] if default else [])
+    if len(ids) != 1:
+        raise _args.UsageError(f"{mode} runs one scenario: --scenarios must name exactly one, got "
+                               f"{args.scenarios!r}")
+    sc = load_suite(args.suite).scenario(ids[0])
+    fams = _args.split_list(args.families) or [sc.families[0]]
+    if len(fams) != 1:
+        raise _args.UsageError(f"{mode} runs one family: --families must name one, got {args.families!r}")
+    return sc, _args.check_choice(f"--families (scenario {sc.id} runs)", fams[0], sc.families)
+
+
+def _check_bench_mode(args: argparse.Namespace, mode: str | None) -> None:
+    """The flags of --gemm / --host-time / --layout-ablation, before any GPU work."""
+    from chord import tune
+
+    if mode in ("--gemm", "--layout-ablation"):
+        if args.humming_dir is not None:
+            raise _args.UsageError(f"--humming-dir applies to the suite run and --host-time, not to {mode}")
+        try:
+            tune._check_timing_args(f"chord bench {mode}", 1.0 if args.rep_ms is None else args.rep_ms,
+                                    tune.WARMUP_MS if args.warmup_ms is None else args.warmup_ms)
+        except ValueError as exc:
+            raise _args.UsageError(f"{exc} (--rep-ms / --warmup-ms)") from None
+    if mode == "--gemm":
+        from chord import ops
+
+        sc, family = _one_scenario(args, mode)
+        n, k, _ = sc.gemm_problem(family, args.gemm)
+        for sid in args.schedule or ():
+            try:  # the checks chord.ops makes at the launch: family, N and K fit
+                ops._check_schedule("chord bench", sid, family, n, k)
+            except ValueError as exc:
+                raise _args.UsageError(f"--schedule {sid!r}: {exc}") from None
+        args.one_scenario, args.one_family = sc.id, family
+    elif mode == "--host-time":
+        sc, family = _one_scenario(args, mode, default="tp8-m1")
+        _args.check_choice("--families (--host-time times the indexed family)", family, ("indexed",))
+        args.calls = _args.check_positive_int("--calls", 2000 if args.calls is None else args.calls)
+        args.one_scenario = sc.id
+    elif mode == "--layout-ablation":
+        if args.scenarios is not None or args.families is not None or args.suite is not None:
+            raise _args.UsageError("--layout-ablation times its own GEMMs (chord.tune.LAYOUT_GEMMS): "
+                                   "leave out --suite, --scenarios and --families")
+        args.repeats = _args.check_positive_int("--repeats", 2 if args.repeats is None else args.repeats)
+
+
 def _check_bench(args: argparse.Namespace) -> None:
+    args.mode = _bench_mode(args)
     _args.check_positive_int("--check-rows", args.check_rows)
+    _check_bench_mode(args, args.mode)
     if args.policy is not None:
         args.policy = _args.check_policy("--policy", args.policy)
     if args.humming_dir is None and _env.get("CHORD_HUMMING_DIR"):
@@ -97,6 +206,35 @@ def _check_bench(args: argparse.Namespace) -> None:
                                                        _env.get("CHORD_HUMMING_DIR")))
     elif args.humming_dir is not None:
         args.humming_dir = str(_args.check_humming_dir("--humming-dir", args.humming_dir))
+
+
+def _cmd_bench_mode(args: argparse.Namespace) -> int:
+    """--gemm, --host-time, --layout-ablation: each needs an sm_90 GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"chord bench {args.mode}: no CUDA GPU here; it times kernels on an sm_90 GPU, nothing to do.")
+        return 2
+    if args.mode == "--gemm":
+        from chord.bench import one_gemm
+
+        one_gemm.run(args.one_scenario, args.one_family, args.gemm, args.schedule or (), profile=args.profile,
+                     rep_ms=50.0 if args.rep_ms is None else args.rep_ms, warmup_ms=args.warmup_ms, suite=args.suite,
+                     out=lambda line: print(line, flush=True))
+        return 0
+    if args.mode == "--host-time":
+        from chord.bench import host_time
+
+        with _env.override(CHORD_PROFILE=args.profile):  # Chord's humming root decides with the same file
+            host_time.measure(args.one_scenario, calls=args.calls, profile=args.profile, humming_dir=args.humming_dir,
+                              parts=args.parts, cprofile=args.cprofile, suite=args.suite,
+                              out=lambda line: print(line, flush=True))
+        return 0
+    from chord.bench import layout_ablation
+
+    return layout_ablation.run(rep_ms=30.0 if args.rep_ms is None else args.rep_ms, repeats=args.repeats,
+                               warmup_ms=args.warmup_ms, out_file=Path(args.out) / "layout.json",
+                               out=lambda line: print(line, flush=True))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -110,7 +248,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     policy = _env.override(CHORD_POLICY=args.policy) if args.policy is not None else contextlib.nullcontext()
     try:
         with policy:
-            return runner.main(opts)
+            return _cmd_bench_mode(args) if args.mode else runner.main(opts)
     except ValueError as exc:
         print(f"chord bench: {exc}", file=sys.stderr)
         return 2
@@ -196,19 +334,83 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.main()
 
 
-def _cmd_precompile(args: argparse.Namespace) -> int:
-    from chord import jit
+def _check_precompile(args: argparse.Namespace) -> None:
+    """--tune's selection, --record files, --tests' checkout, --out, --cache-dir and --jobs, before
+    anything is built."""
+    from chord import precompile
 
-    results = jit.precompile_profile(args.profile, progress=not args.quiet)
-    print(f"chord precompile: {len(results)} kernels of profile {args.profile} ready in {jit.cache_dir()}")
+    if args.jobs is not None:
+        _args.check_positive_int("--jobs", args.jobs)
+    if args.cache_dir is not None:
+        args.cache_dir = str(_args.check_out_dir("--cache-dir", args.cache_dir))
+    if args.archive is not None:
+        args.archive = str(_args.check_out_file("--out", args.archive, precompile.ARCHIVE_SUFFIX))
+    if args.tests:
+        why = precompile.checkout_missing()
+        if why:
+            raise _args.UsageError(f"--tests: {why}")
+    records = [str(r) for r in args.record or ()]
+    if args.tests and precompile.DEFAULT_RECORD.is_file() and str(precompile.DEFAULT_RECORD) not in records:
+        records.append(str(precompile.DEFAULT_RECORD))
+    for r in records:
+        try:
+            precompile.read_record(r)
+        except OSError as exc:
+            raise _args.UsageError(f"--record {r!r}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise _args.UsageError(f"--record: {exc}") from None
+    args.records = records
+    shape = [f for f in (*SHAPE_FLAGS, "tok_e", "tokens", "deployment") if getattr(args, f, None) is not None]
+    chosen = [f"--{f.replace('_', '-')}" for f in ("suite", "scenarios", "families") if getattr(args, f) is not None]
+    if not args.tune and (shape or chosen):
+        flags = ", ".join(chosen + [f"--{f.replace('_', '-')}" for f in shape])
+        raise _args.UsageError(f"{flags}: these choose what --tune builds; add --tune")
+    args.tune_suite = args.tune_selected = None
+    if args.tune:
+        _args.check_positive_int("--max-candidates", args.max_candidates)
+        try:  # the shape or the suite selection
+            args.tune_suite, args.tune_selected = tune_selection(args)
+        except ValueError as exc:
+            raise _args.UsageError(str(exc)) from None
+
+
+def _cmd_precompile(args: argparse.Namespace) -> int:
+    # --cache-dir: chord.jit builds into it (an override every thread of the build sees)
+    cache = _env.override(CHORD_CACHE_DIR=args.cache_dir) if args.cache_dir else contextlib.nullcontext()
+    with cache:
+        return _precompile(args)
+
+
+def _precompile(args: argparse.Namespace) -> int:
+    import time
+
+    from chord import jit, precompile
+
+    tuned = []
     if args.tune:
         from chord import tune
 
-        suite, selected = tune_selection(args)
-        scheds = tune.tune_schedules(suite=suite, scenario_ids=[sc.id for sc, _ in selected], families=args.families,
-                                     profile_file=args.profile, max_candidates=args.max_candidates)
-        results = jit.precompile(scheds, progress=not args.quiet)
-        print(f"chord precompile: {len(results)} kernels `chord tune` would time ready in {jit.cache_dir()}")
+        tuned = tune.tune_schedules(suite=args.tune_suite, scenario_ids=[sc.id for sc, _ in args.tune_selected],
+                                    families=args.families, profile_file=args.profile,
+                                    max_candidates=args.max_candidates)
+    scheds = precompile.collect(args.profile, ablations=args.ablations, tests=args.tests, tune=tuned)
+    extra = precompile.extra_kernels(args.records, scheds)
+    if args.list:
+        print("\n".join(precompile.listing(scheds, extra)))
+        return 0
+    t = time.monotonic()
+    res = precompile.build(scheds, extra, jobs=args.jobs, progress=not args.quiet)
+    spills = sum(1 for r in res if r.spill_bytes)
+    what = ", ".join(w for w, on in (("its ablations, policies and notebook tables", args.ablations or args.tests),
+                                      ("the GPU tests'", args.tests), (f"{len(args.records)} records", args.records),
+                                      (f"{len(tuned)} chord tune candidates", args.tune)) if on)
+    print(f"chord precompile: {len(res)} kernels of profile {args.profile}{' with ' + what if what else ''} ready in "
+          f"{jit.cache_dir()} ({time.monotonic() - t:.0f} s, {spills} with register spills)")
+    if args.archive:
+        n = precompile.pack([r.cubin for r in res], args.archive)
+        size = Path(args.archive).stat().st_size / 2**20
+        print(f"chord precompile: {n} cubins packed into {args.archive} ({size:.1f} MiB); on the GPU machine: "
+              f"mkdir -p $CHORD_CACHE_DIR && tar -xf {Path(args.archive).name} -C $CHORD_CACHE_DIR")
     return 0
 
 
@@ -323,18 +525,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_profile(args: argparse.Namespace) -> int:
+def _cmd_capture(args: argparse.Namespace) -> int:
     from chord import capture
 
     try:
         cap = capture.capture(args.scenario, args.family, args.tool, args.out, iters=args.iters, suite=args.suite,
                               profile_file=args.profile, ncu_set=args.ncu_set, cuda_graph=args.cuda_graph)
     except capture.CaptureError as exc:
-        print(f"chord profile: {exc}", file=sys.stderr)
+        print(f"chord capture: {exc}", file=sys.stderr)
         return 2
     if args.tool == "none":
         return 0
-    print(f"chord profile: {cap.scenario} {cap.family}, {cap.iters} x (gate_up + down"
+    print(f"chord capture: {cap.scenario} {cap.family}, {cap.iters} x (gate_up + down"
           f"{', one CUDA-graph replay each' if cap.cuda_graph else ''}), tool {cap.tool}")
     names = [r["range"] for r in cap.ranges] + [f"kernel {r['kernel']}" for r in cap.kernels[:8]]
     width = max((len(n) for n in names), default=0)  # names whole, never cut
@@ -344,6 +546,24 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"  {'kernel ' + r['kernel']:{width}s} {r['calls']:4d} calls  {r['gpu_us_per_call']:10.1f} us per call")
     for name, path in cap.files.items():
         print(f"  wrote {name}: {path}")
+    return 0
+
+
+def _check_variant(args: argparse.Namespace) -> None:
+    from chord import variant
+
+    try:
+        args.sets = variant.parse_sets(args.set)
+    except ValueError as exc:
+        raise _args.UsageError(str(exc)) from None
+    args.variant_out = str(_args.check_out_file("--out", args.variant_out, ".json"))
+
+
+def _cmd_variant(args: argparse.Namespace) -> int:
+    from chord import variant
+
+    n = variant.write(args.profile, args.sets, args.variant_out)
+    print(f"chord variant: {n} schedules with {', '.join(args.set)} -> {args.variant_out}")
     return 0
 
 
@@ -375,7 +595,7 @@ def _add_shape_args(p) -> None:
                    help="name of the deployment the tuned entries form (e.g. EP16): <name>-decode / <name>-prefill")
 
 
-def _check_profile_cmd(args: argparse.Namespace) -> None:
+def _check_capture(args: argparse.Namespace) -> None:
     suite = _args.check_suite("--suite", args.suite)
     _args.check_choice("--scenario", args.scenario, suite.ids)
     _args.check_choice(f"--family (scenario {args.scenario} runs)", args.family, suite.scenario(args.scenario).families)
@@ -410,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chord", description="Chord: W4A16 MoE GEMMs for Kimi K2.x on Hopper",
                                      formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"chord {chord.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,info,doctor,precompile,profile,limits}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     sub.required = True
     _add_bench(sub)
     pi = _add_parser(sub, "info", "print versions, the GPU, the compiler, the kernel cache and the profiles",
@@ -421,15 +641,31 @@ def build_parser() -> argparse.ArgumentParser:
                      "One PASS / FAIL / SKIP line per check; exits 1 when a check fails. Without a GPU the forward "
                      "runs on the float32 reference path and the kernel checks say SKIP.")
     pd.set_defaults(func=_cmd_doctor)
-    pp = _add_parser(sub, "precompile", "build every kernel a profile can select into the kernel cache",
-                     "Needs nvcc, not a GPU: build here, carry the cache ($CHORD_CACHE_DIR) to the GPU machine.")
+    pp = _add_parser(sub, "precompile", "build every kernel a profile can select into the kernel cache, and more "
+                                        "on request; pack them to carry",
+                     "Needs nvcc, not a GPU: build here, carry the cache ($CHORD_CACHE_DIR, or the --out archive) to "
+                     "the GPU machine.")
     _add_profile(pp)
     pp.add_argument("--quiet", action="store_true", help="no progress bar")
+    pp.add_argument("--ablations", action="store_true",
+                    help="also each profile rule fitted to the suite's and the GPU tests' N with its optimizations "
+                         "switched off one by one, every packaged suite's decisions under every policy, and the "
+                         "schedules of the notebooks' recorded tables")
+    pp.add_argument("--tests", action="store_true",
+                    help="--ablations and the GPU tests' schedules (fuzz pools, sanitizer cases, ids in tests/gpu and "
+                         "tools, the committed tools/device_kernels.txt): needs a source checkout")
+    pp.add_argument("--record", action="append", default=None, metavar="FILE",
+                    help="also every kernel of a CHORD_RECORD_KERNELS file a GPU run wrote (repeatable)")
+    pp.add_argument("--out", dest="archive", default=None, metavar="ARCHIVE",
+                    help="pack the kernels' cubins (with their build logs and digests) into this .tar.xz to carry")
+    pp.add_argument("--list", action="store_true", help="print the schedule ids and build nothing")
+    pp.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: the CPU count)")
+    pp.add_argument("--cache-dir", default=None, help="kernel cache to build into (default $CHORD_CACHE_DIR)")
     pp.add_argument("--tune", action="store_true", help="also build every candidate `chord tune` would time")
     _add_selection(pp, "with --tune: ")
     _add_shape_args(pp)
     pp.add_argument("--max-candidates", type=int, default=24, help="with --tune: as chord tune's")
-    pp.set_defaults(func=_cmd_precompile)
+    pp.set_defaults(func=_cmd_precompile, check=_check_precompile)
     pt = _add_parser(sub, "tune", "time candidate schedules on a suite or any layer shape and write a tuned profile",
                      "For each GEMM the current decision is checked against the float32 reference, then the seeds "
                      "and the cost model's first candidates are checked against it and timed (CUDA-graph do_bench "
@@ -451,9 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "for a compute-bound GEMM to reach the clock it sustains")
     pt.add_argument("--out", default="tune-out", help="output dir for <profile>.json and tuning.json")
     pt.set_defaults(func=_cmd_tune, check=_check_tune)
-    pr = _add_parser(sub, "profile", "capture an NVTX-annotated profile of one scenario's gate_up + down calls",
+    pr = _add_parser(sub, "capture", "capture an NVTX-annotated profile of one scenario's gate_up + down calls",
                      "torch.profiler, Nsight Systems or Nsight Compute over the bench's inputs, routing and "
-                     "schedules. Needs an sm_90 GPU.")
+                     "schedules. Needs an sm_90 GPU. (`chord profile` is this command's earlier name.)")
     pr.add_argument("--scenario", required=True, help="suite scenario id, e.g. ep8-prefill-tok128")
     pr.add_argument("--family", default="indexed", choices=FAMILIES, help="kernel family")
     pr.add_argument("--tool", default="torch", choices=TOOLS,
@@ -466,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--suite", default=None, help="packaged suite name or suite JSON path (default: kimi_k2_h200)")
     _add_profile(pr)
     pr.add_argument("--ncu-set", default="basic", help="with --tool ncu: the section set (basic, full, ...)")
-    pr.set_defaults(func=_cmd_profile, check=_check_profile_cmd)
+    pr.set_defaults(func=_cmd_capture, check=_check_capture)
     pl = _add_parser(sub, "limits", "read Nsight Compute counters per GEMM of the suite: what limits each kernel",
                      "Duration, clock, DRAM and L2 bytes, issue and tensor-pipe use, occupancy, stalls and a "
                      "one-word limiter per kernel. Needs an sm_90 GPU and Nsight Compute.")
@@ -474,12 +710,42 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(pl)
     pl.add_argument("--out", default="limits-out", help="output folder (limits.json, limits.md, raw.csv, report)")
     pl.set_defaults(func=_cmd_limits)
+    pv = _add_parser(sub, "variant", "write a copy of a profile with knobs set on every rule they apply to",
+                     "The 'knob on everywhere' side of an A/B that chord tune cannot time (it times one GEMM alone), "
+                     "such as pdl=1, whose gain is between a layer's calls: bench or precompile with --profile FILE "
+                     "then. Each value is checked against the knob table and the file is loaded back. Needs no GPU.")
+    _add_profile(pv, "profile to start from")
+    pv.add_argument("--set", action="append", required=True, metavar="KNOB=VALUE",
+                    help="a knob value for every rule it applies to (repeatable)")
+    pv.add_argument("--out", dest="variant_out", required=True, metavar="FILE", help="the .json file to write")
+    pv.set_defaults(func=_cmd_variant, check=_check_variant)
     return parser
 
 
+#: the subcommands, as `chord --help` lists them
+COMMANDS = ("bench", "tune", "info", "doctor", "precompile", "capture", "limits", "variant")
+#: earlier names of subcommands, accepted for one release with a warning: {old: new}
+DEPRECATED_COMMANDS = {"profile": "capture"}
+
+
+def _renamed(argv: list[str]) -> list[str]:
+    """`argv` with a deprecated subcommand name replaced by its new name (said on stderr)."""
+    for i, word in enumerate(argv):
+        if word.startswith("-"):
+            continue
+        if word in DEPRECATED_COMMANDS:
+            new = DEPRECATED_COMMANDS[word]
+            print(f"chord: warning: `chord {word}` is deprecated and will be removed in the next release; it runs "
+                  f"`chord {new}` (same flags), use that instead", file=sys.stderr)
+            return [*argv[:i], new, *argv[i + 1:]]
+        break
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = _renamed(list(argv) if argv is not None else sys.argv[1:])
     args = build_parser().parse_args(argv)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    args.argv = argv
     from chord.jit import JitError
 
     try:

@@ -57,9 +57,9 @@ def test_illegal_ctas_per_sm_is_refused_before_the_register_budget():
 
 
 def test_schedule_facade_re_exports_the_split_modules():
-    from chord import knobs, profiles, schedule, selection
+    from chord import deployments, knobs, profiles, schedule, selection
 
-    homes = (knobs, profiles, selection)
+    homes = (knobs, profiles, selection, deployments)
     for name in schedule.__all__:
         obj = getattr(schedule, name)
         assert any(getattr(m, name, None) is obj for m in homes), name

@@ -16,8 +16,8 @@ CORE = {
     "chord.profiling", "chord.reference", "chord.routing", "chord.schedule", "chord.selection", "chord.testing",
 }
 #: the lab: measures, tunes, shows and reports on the core, and the command line over both
-LAB = {"chord._args", "chord.bench", "chord.capture", "chord.cli", "chord.doctor", "chord.limits", "chord.timeline",
-       "chord.tune", "chord.workbench"}
+LAB = {"chord._args", "chord.bench", "chord.capture", "chord.cli", "chord.doctor", "chord.limits", "chord.precompile",
+       "chord.timeline", "chord.tune", "chord.variant", "chord.workbench"}
 
 
 def _module_name(path: Path) -> str:
