@@ -536,7 +536,7 @@ def time_schedules(scenario_id: str, family: str, gemm: str, schedules, *, rep_m
     the do_bench median of a CUDA-graph replay and how its output compares with the first
     schedule's (bit-identical, or the relative error). Needs an sm_90 GPU.
 
-    What the notebooks' ablations and `tools/one_gemm.py` call: an ablation is this with the
+    What the notebooks' ablations and `chord bench --gemm` (chord.bench.one_gemm) call: an ablation is this with the
     schedule and its `chord.optimizations.ablations`.
     """
     import torch

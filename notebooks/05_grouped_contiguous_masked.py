@@ -146,7 +146,7 @@ vs_humming = show_comparison("ep8-prefill-tok128", "grouped_contiguous", quick=Q
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
 from chord.workbench.captures import show_capture

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 07 — Profiling: NVTX-annotated captures of the very calls the bench times
 #
-# `chord profile` (library: `chord.capture`) runs one suite scenario's gate_up + down with the
+# `chord capture` (library: `chord.capture`) runs one suite scenario's gate_up + down with the
 # bench's inputs, routing and schedules, with NVTX on: every launch sits in a range named
 # `chord/<op>[<schedule id>]`, so a Nsight Systems timeline or a Nsight Compute report names the
 # schedule of each kernel. Three tools: `torch` (torch.profiler in-process, Chrome trace + a
@@ -24,10 +24,10 @@ FAMILY = "indexed"
 # %%
 from chord import capture
 from chord.workbench import decision_row, figures
-from chord.workbench.captures import capture_or_recorded, profile_commands
+from chord.workbench.captures import capture_or_recorded, capture_commands
 
 print("capture tools:", ", ".join(capture.TOOLS))
-for cmd in profile_commands(SCENARIO, FAMILY):
+for cmd in capture_commands(SCENARIO, FAMILY):
     print(" ", cmd)
 
 # %% [markdown]

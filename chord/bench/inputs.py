@@ -197,7 +197,7 @@ def scenario_for(suite_path, scenario_id: str, family: str, who: str = "scenario
 def one_scenario(suite_path, scenario_id: str, family: str, base_seed: int = 0, device: torch.device | str = "cuda",
                  who: str = "scenario"):
     """(scenario, packed w13, packed w2, ScenarioData, FamilyInputs) of one suite scenario and
-    family: what `chord tune`'s time_schedules and `chord profile` run (the bench's inputs)."""
+    family: what `chord tune`'s time_schedules and `chord capture` run (the bench's inputs)."""
     from chord import formats
 
     sc = scenario_for(suite_path, scenario_id, family, who)

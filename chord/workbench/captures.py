@@ -3,7 +3,7 @@
 `capture_or_recorded(scenario, family)` runs `chord.capture.capture(..., tool="torch")` on the
 bench's calls for that scenario when an sm_90 GPU is here; otherwise it returns the committed
 H200 capture of that scenario and family when there is one (else None), and in both cases the
-`chord profile` commands that take the capture with torch.profiler, Nsight Systems or Nsight
+`chord capture` commands that take the capture with torch.profiler, Nsight Systems or Nsight
 Compute. A recorded capture says when, on which commit and with which schedules it was taken,
 and is flagged when today's selection policy picks other schedules for the same calls
 (`stale_schedules`): its times are then those of another decision.
@@ -16,9 +16,12 @@ from chord.workbench.data import gpu_available, recorded_capture, recorded_file
 from chord.workbench.explore import todays_schedules  # noqa: F401  (the notebooks' name for it here)
 
 
-def profile_commands(scenario: str, family: str) -> list[str]:
-    return [f"chord profile --scenario {scenario} --family {family} --tool {tool} --out prof-{tool}"
+def capture_commands(scenario: str, family: str) -> list[str]:
+    return [f"chord capture --scenario {scenario} --family {family} --tool {tool} --out prof-{tool}"
             for tool in ("torch", "nsys", "ncu")]
+
+
+profile_commands = capture_commands  # its earlier name
 
 
 def stale_schedules(cap: dict) -> dict:
@@ -43,7 +46,7 @@ def _recorded_line(cap: dict) -> str:
 
 def capture_or_recorded(scenario: str, family: str = "indexed", iters: int = 2) -> tuple[dict | None, str]:
     """(capture dict or None, lines saying where it comes from and how to take one)."""
-    how = "take one with: " + " | ".join(profile_commands(scenario, family))
+    how = "take one with: " + " | ".join(capture_commands(scenario, family))
     if gpu_available():
         from chord import capture
 

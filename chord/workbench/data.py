@@ -160,7 +160,7 @@ def knob_pairs(rows: list[dict], knob: str, off_value, on_label: str = "on", off
 
 
 def recorded_capture(scenario: str | None = None, family: str | None = None) -> dict:
-    """A committed `chord profile --tool torch` summary (chord.capture.Capture.as_dict): the newest
+    """A committed `chord capture --tool torch` summary (chord.capture.Capture.as_dict): the newest
     H200 one for `scenario` / `family` (any when None)."""
     pattern = f"*-h200-capture-{scenario or '*'}-{family or '*'}.json"
     path = _committed(None, pattern, f"capture for {scenario or 'any scenario'} {family or ''}".strip())

@@ -90,7 +90,7 @@ def sweep_tok_e(deployment: str, family: str, gemm: str, tok_e_values, sms: int 
 
 def todays_schedules(scenario: str, family: str, suite=None) -> dict:
     """``{"gate_up": id, "down": id}``: what the profile and selection policy in use pick today for
-    this scenario's calls (the schedules `chord bench` and `chord profile` would launch)."""
+    this scenario's calls (the schedules `chord bench` and `chord capture` would launch)."""
     from chord.bench.inputs import scenario_for
     from chord.bench.runner import ChordAPI, scenario_schedules
     from chord.schedule import gpu_profile_name
