@@ -1,4 +1,4 @@
-"""CPU tests of chord.bench: suites, floors, the CPU fallback of `chord bench`, reports, and the
+"""CPU tests of chord.lab.bench: suites, floors, the CPU fallback of `chord bench`, reports, and the
 Humming baseline driver (argument parsing, refusal of a wrong `humming`, its flow on a fake)."""
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from chord.bench import floors as F
-from chord.bench import humming_baseline as HB
-from chord.bench import humming_worker as W
-from chord.bench import vllm_sequence as VS
-from chord.bench import inputs as I
-from chord.bench import report, runner, timing
-from chord.bench.ceilings import Ceilings, from_baseline_file
-from chord.bench.suite import DEFAULT_BASELINE, Scenario, cpu_scenarios, load_suite
+from chord.lab.bench import floors as F
+from chord.lab.bench import humming_baseline as HB
+from chord.lab.bench import humming_worker as W
+from chord.lab.bench import vllm_sequence as VS
+from chord.lab.bench import inputs as I
+from chord.lab.bench import report, runner, timing
+from chord.lab.bench.ceilings import Ceilings, from_baseline_file
+from chord.lab.bench.suite import DEFAULT_BASELINE, Scenario, cpu_scenarios, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 # the ceilings recorded with the committed Humming baseline (H200, 2026-11-29)
@@ -179,7 +179,7 @@ def test_chord_bench_cli_subprocess_without_gpu(tmp_path):
 
 
 def test_cli_parser_registers_only_implemented_commands():
-    from chord import cli
+    from chord.lab import cli
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -289,7 +289,7 @@ def _fake_upstream(root: Path, version: str = HB.UPSTREAM_VERSION) -> Path:
 def test_humming_baseline_refuses_dir_without_humming(tmp_path):
     with pytest.raises(W.WrongHumming, match="holds no 'humming' package"):
         W.import_upstream_humming(tmp_path)
-    p = subprocess.run([sys.executable, "-m", "chord.bench.humming_worker", "--humming-dir", str(tmp_path),
+    p = subprocess.run([sys.executable, "-m", "chord.lab.bench.humming_worker", "--humming-dir", str(tmp_path),
                         "--json-out", str(tmp_path / "o.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == HB.EXIT_WRONG_HUMMING
     assert "refusing to run" in p.stderr
@@ -306,7 +306,7 @@ def test_humming_baseline_refuses_other_humming_already_imported(tmp_path, monke
 
 def test_humming_baseline_refuses_wrong_version(tmp_path):
     up = _fake_upstream(tmp_path / "up", version="0.1.19")
-    p = subprocess.run([sys.executable, "-m", "chord.bench.humming_worker", "--humming-dir", str(up),
+    p = subprocess.run([sys.executable, "-m", "chord.lab.bench.humming_worker", "--humming-dir", str(up),
                         "--json-out", str(tmp_path / "o.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == HB.EXIT_WRONG_HUMMING
     assert "version 0.1.19" in p.stderr
@@ -316,7 +316,7 @@ def test_humming_baseline_upstream_wins_over_the_shim_on_the_path(tmp_path):
     """Run from the repo root (whose humming/ is Chord's shim) with the shim first on PYTHONPATH:
     the script still imports the upstream package from --humming-dir."""
     up = _fake_upstream(tmp_path / "up")
-    code = ("import sys; from chord.bench import humming_worker as W; "
+    code = ("import sys; from chord.lab.bench import humming_worker as W; "
             f"h = W.import_upstream_humming({str(up)!r}); print(h.__file__)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -327,7 +327,7 @@ def test_humming_baseline_upstream_wins_over_the_shim_on_the_path(tmp_path):
 def test_runner_launches_humming_with_upstream_first(tmp_path):
     opts = runner.BenchOptions(humming_dir=str(tmp_path), seed=2, quick=True, cuda_graph=False)
     cmd = runner.humming_command(opts, "tp8-m1", "indexed", tmp_path / "h.json")
-    assert cmd[:4] == [sys.executable, "-P", "-m", "chord.bench.humming_worker"]
+    assert cmd[:4] == [sys.executable, "-P", "-m", "chord.lab.bench.humming_worker"]
     assert cmd[cmd.index("--humming-dir") + 1] == str(tmp_path)
     assert cmd[cmd.index("--seed") + 1] == "2" and "--no-cuda-graph" in cmd
     env = HB.environment(str(tmp_path))
@@ -429,7 +429,7 @@ def test_family_layouts_cover_every_route_once():
 
 
 def test_speedup_summary_is_the_geomean_per_deployment():
-    from chord.bench.report import speedup_summary, terminal_table
+    from chord.lab.bench.report import speedup_summary, terminal_table
 
     def rows(scenario, dep, chord_us, hum_us):
         base = {"scenario": scenario, "family": "indexed", "deployment": dep, "metric": "time_us"}

@@ -4,7 +4,7 @@ import pytest
 from conftest import load_tool
 
 from chord import cli
-from chord.bench import host_time, layout_ablation, one_gemm
+from chord.lab.bench import host_time, layout_ablation, one_gemm
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""chord.capture / `chord capture` host logic (the captures themselves run on the H200)."""
+"""chord.lab.capture / `chord capture` host logic (the captures themselves run on the H200)."""
 import pytest
 import torch
 
-from chord import capture
+from chord.lab import capture
 from chord.cli import main
 from chord.profiling import range_name
 
@@ -53,7 +53,7 @@ def test_record_function_mirror_is_off_unless_a_capture_turns_it_on():
 
 
 def test_capture_figure_and_the_recorded_capture_agree():
-    from chord.workbench import figures, recorded_capture
+    from chord.lab.workbench import figures, recorded_capture
 
     cap = recorded_capture()
     fig = figures.capture_figure(cap)
@@ -85,7 +85,7 @@ def test_nvtx_package_ranges_use_its_public_functions(monkeypatch):
 
 
 def test_a_family_the_scenario_does_not_run_is_named_before_any_work():
-    from chord.bench import inputs as I
+    from chord.lab.bench import inputs as I
 
     with pytest.raises(ValueError, match="capture: scenario tp8-m1 runs families"):
         I.one_scenario(None, "tp8-m1", "grouped_masked", who="capture")
@@ -166,7 +166,7 @@ def test_a_cuda_graph_capture_sees_every_replayed_kernel(tmp_path):
 def test_chord_profile_is_the_deprecated_name_of_chord_capture(capsys, monkeypatch, tmp_path):
     """`chord profile` still runs the capture, with a warning on stderr naming `chord capture`;
     `chord capture` says nothing of the kind, and `profile` is no longer listed."""
-    from chord import cli
+    from chord.lab import cli
 
     seen = []
     monkeypatch.setattr(capture, "capture", lambda *a, **k: seen.append((a, k)) or (_ for _ in ()).throw(

@@ -56,7 +56,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 import chord  # noqa: E402
-from chord.bench.suite import FAMILIES, load_suite  # noqa: E402
+from chord.lab.bench.suite import FAMILIES, load_suite  # noqa: E402
 
 SUITE_IDS = load_suite().ids
 
@@ -67,8 +67,8 @@ def nothing_runs(request, monkeypatch):
     lets a bad value through reaches the work and the test fails."""
     import torch
 
-    from chord.bench import host_time, layout_ablation, one_gemm, runner, timing
-    from chord import capture, limits, precompile, tune, variant
+    from chord.lab.bench import host_time, layout_ablation, one_gemm, runner, timing
+    from chord.lab import capture, limits, precompile, tune, variant
 
     has_gpu = request.param == "with-cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: has_gpu)
@@ -186,7 +186,7 @@ def test_bench_check_rows(nothing_runs, capsys):
 
 def test_valid_arguments_reach_the_command(capsys, monkeypatch, tmp_path):
     """The checks let good values through, resolved: the default profile and policy's name."""
-    from chord.bench import runner
+    from chord.lab.bench import runner
 
     from chord.selection import current_policy, parse_policy
 

@@ -5,7 +5,8 @@ import io
 import pytest
 import torch
 
-from chord import cli, doctor
+from chord import cli
+from chord.lab import doctor
 
 
 @pytest.fixture

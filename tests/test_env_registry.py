@@ -185,6 +185,6 @@ def test_no_code_exports_a_parameter():
     """The old ways (chord bench --policy, tune.time_layouts, the device cache and host-time tools,
     now chord precompile --cache-dir and chord bench --host-time) wrote os.environ; the AST check
     above covers them, this names them so a regression reads clearly."""
-    for rel in ("chord/cli.py", "chord/tune.py", "chord/precompile.py", "chord/bench/host_time.py",
+    for rel in ("chord/cli.py", "chord/lab/cli.py", "chord/lab/tune.py", "chord/lab/precompile.py", "chord/lab/bench/host_time.py",
                 "tools/device_cache.py", "tools/host_time.py"):
         assert environ_uses(ROOT / rel) == [], rel

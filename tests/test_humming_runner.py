@@ -1,6 +1,6 @@
 """The runner of upstream Humming never imports the name `humming` in Chord's process (Chord ships
 its own `humming` root): only its worker, a child process, does. Checked from the source (nothing
-chord.bench.humming_baseline imports, directly or through other modules, imports `humming`) and
+chord.lab.bench.humming_baseline imports, directly or through other modules, imports `humming`) and
 at run time (its in-process functions, with the child mocked and with a real child on a fake
 upstream install, leave sys.modules without `humming`)."""
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 from test_import_cycles import import_graph
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNER = "chord.bench.humming_baseline"
+RUNNER = "chord.lab.bench.humming_baseline"
 
 
 def _reach(graph: dict, start: str) -> set[str]:
@@ -27,9 +27,9 @@ def test_nothing_the_runner_imports_imports_humming():
     graph = import_graph()
     reached = _reach(graph, RUNNER)
     assert not [m for m in reached if m == "humming" or m.startswith("humming.")], sorted(reached)
-    assert "chord.bench.humming_worker" not in reached and "chord.bench.vllm_sequence" not in reached
+    assert "chord.lab.bench.humming_worker" not in reached and "chord.lab.bench.vllm_sequence" not in reached
     # the worker is where upstream is imported: the check above is not vacuous
-    assert [m for m in _reach(graph, "chord.bench.humming_worker") if m.startswith("humming.")]
+    assert [m for m in _reach(graph, "chord.lab.bench.humming_worker") if m.startswith("humming.")]
 
 
 _IN_PROCESS = r"""
@@ -40,8 +40,8 @@ def humming_loaded():
     return sorted(m for m in sys.modules if m == "humming" or m.startswith("humming."))
 
 assert humming_loaded() == [], humming_loaded()
-from chord.bench import humming_baseline as HB
-from chord.bench import runner
+from chord.lab.bench import humming_baseline as HB
+from chord.lab.bench import runner
 assert humming_loaded() == [], humming_loaded()
 up, tmp = Path(sys.argv[1]), Path(sys.argv[2])
 

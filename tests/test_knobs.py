@@ -74,5 +74,5 @@ def test_importing_the_schedule_modules_stays_light():
             "print(' '.join(sorted(m for m in sys.modules if m.startswith(('chord', 'torch', 'humming')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert not [m for m in out if m.startswith(("torch", "humming"))], out
-    assert set(out) <= {"chord", "chord._env", "chord._resources", "chord.knobs", "chord.profiles",
+    assert set(out) <= {"chord", "chord._env", "chord._moved", "chord._resources", "chord.knobs", "chord.profiles",
                         "chord.selection", "chord.schedule", "chord.deployments", "chord.cost"}, out

@@ -5,7 +5,8 @@ import tarfile
 import pytest
 from conftest import load_tool
 
-from chord import cli, precompile
+from chord import cli
+from chord.lab import precompile
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +18,7 @@ def test_collects_the_profile_every_policy_and_the_gpu_tests(collected):
     import sys
 
     from chord import optimizations
-    from chord.bench.suite import load_suite
+    from chord.lab.bench.suite import load_suite
     from chord.schedule import POLICY_RULES, load_profile_file, select
     from chord.testing import profile_rule_schedules
 
@@ -41,7 +42,7 @@ def test_collects_the_profile_every_policy_and_the_gpu_tests(collected):
 def test_collects_the_schedules_of_the_notebook_tables(collected):
     import csv
 
-    from chord.workbench.data import DATA_DIR
+    from chord.lab.workbench.data import DATA_DIR
 
     named = set()
     for f in DATA_DIR.glob("*.csv"):
@@ -51,7 +52,7 @@ def test_collects_the_schedules_of_the_notebook_tables(collected):
 
 
 def test_each_option_widens_the_set(collected):
-    from chord import tune
+    from chord.lab import tune
     from chord.schedule import load_profile_file
 
     plain = precompile.collect("h200")

@@ -61,7 +61,7 @@ def test_trusted_schedules_run_their_main_loop_and_can_have_a_plan(sc):
 
 
 def test_the_kernel_cache_builder_collects_every_sanitizer_schedule(sc):
-    from chord import precompile
+    from chord.lab import precompile
 
     collected = set(precompile.collect("h200", tests=True))
     for family in BAD:

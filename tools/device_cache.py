@@ -8,7 +8,7 @@ runs
 
     chord precompile --quiet --tests --out .cache/device.tar.xz [--tune --scenarios ep8-decode-tok32,tp8-m1024]
 
-(chord.precompile: what is collected). This script's flags map one to one: --no-tests builds
+(chord.lab.precompile: what is collected). This script's flags map one to one: --no-tests builds
 --ablations without the GPU tests' schedules; --tune SCENARIOS is --tune --scenarios SCENARIOS
 ('all': every scenario of the suite), --tune-suite is --suite; --record (default: the committed
 tools/device_kernels.txt when it exists), --profile, --max-candidates, --cache-dir, --jobs and

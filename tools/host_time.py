@@ -9,7 +9,7 @@ runs
     chord bench --host-time [--scenarios tp8-m1] [--calls 2000] [--humming-dir /tmp/humming]
                 [--profile NAME] [--cprofile] [--parts]
 
-(chord.bench.host_time: what is measured and how). The profile is the library's default
+(chord.lab.bench.host_time: what is measured and how). The profile is the library's default
 ($CHORD_PROFILE, else h200) unless --profile names another; every flag is checked before any
 GPU work.
 """

@@ -3,7 +3,7 @@
 
     python tools/layout_ablation.py [--rep-ms 30] [--repeats 2] [--out layout.json]
 
-runs `chord bench --layout-ablation [--rep-ms 30] [--repeats 2]` (chord.bench.layout_ablation)
+runs `chord bench --layout-ablation [--rep-ms 30] [--repeats 2]` (chord.lab.bench.layout_ablation)
 and, with --out, writes its rows to that file. Exits 1 if a G = 1 output differs from the G = 8
 one. Needs an sm_90 GPU.
 """

@@ -8,7 +8,7 @@ runs
     chord bench --scenarios ep8-prefill-tok512 --families grouped_contiguous --gemm gate_up \\
         [--schedule gcon-m128n256k64-w16-s5-c1-wgmma ...] [--rep-ms 50] [--warmup-ms 100]
 
-(chord.bench.one_gemm); every flag is checked there, before any GPU work.
+(chord.lab.bench.one_gemm); every flag is checked there, before any GPU work.
 """
 import argparse
 import sys

@@ -2,7 +2,7 @@
 
     python tools/profile_variant.py --set pdl=1 --out /tmp/h200-pdl.json [--profile h200]
 
-runs `chord variant --set pdl=1 --out /tmp/h200-pdl.json [--profile h200]` (chord.variant): each
+runs `chord variant --set pdl=1 --out /tmp/h200-pdl.json [--profile h200]` (chord.lab.variant): each
 value is checked against the knob table and the written file is loaded back, so a bad knob or
 value fails here, naming it.
 """
