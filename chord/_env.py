@@ -106,7 +106,7 @@ _VARS = (
         "a folder: notebooks measuring live write their tables there as CSV (what `chord/data/notebooks/` holds)"),
     Var("CHORD_RECORD_KERNELS", "path", None, "per call",
         "a file: every kernel built or loaded is appended to it as `<schedule id> <tile group cap>`, once per "
-        "process; `tools/device_cache.py --record FILE` (or the committed `tools/device_kernels.txt`) builds "
+        "process; `chord precompile --record FILE` (or `--tests`, with the committed `tools/device_kernels.txt`) builds "
         "that list ahead for the next GPU run"),
     Var("CHORD_FUZZ_CASES", "int", 500, "at import",
         "GPU tests: random cases per family of `tests/gpu/test_fuzz_gpu.py` (default 500)"),
@@ -118,7 +118,7 @@ _VARS = (
         "it is on, or why it is unavailable (no C compiler or `Python.h`, no CUDA driver)"),
     Var("CHORD_TILE_GROUP", "int", 8, "per call",
         "1, 2, 4 or 8 (default): cap of the weight layout's tile group when `chord.formats` packs; lower only for "
-        "the layout's ablation (`tools/layout_ablation.py`); the weights carry their G and the ops launch the "
+        "the layout's ablation (`chord bench --layout-ablation`); the weights carry their G and the ops launch the "
         "kernel built for it", choices=TILE_GROUPS),
     Var("CHORD_COMMIT", "str", None, "per call",
         "the commit recorded with results where the tree has no `.git` (a copied checkout); default: the "

@@ -30,21 +30,13 @@ The role is part of every ``Decision`` (``chord.selection.explain``) and of ``ch
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from chord import _env
 from chord.knobs import FAMILIES, _check_family
-from chord.profiles import Profile, Rule, gpu_profile_name, load_profile_file
-
-ROLES = ("both", "decode", "prefill")
-CUSTOM = "custom"
-#: EP rows per expert up to which a deployment's decode rules apply under role ``both``, above
-#: which its prefill rules: the geometric midpoint of the suite's largest decode point (32) and
-#: smallest prefill point (64), where `chord tune` puts its own rule bounds. A profile entry's
-#: ``split_rows_per_expert`` overrides it.
-DEFAULT_SPLIT_ROWS_PER_EXPERT = 45.255
+from chord.profiles import (CUSTOM, DEFAULT_SPLIT_ROWS_PER_EXPERT, ROLES, Profile, Rule, check_role,  # noqa: F401
+                            gpu_profile_name, load_profile_file, parse_covers, parse_entry_meta)
 
 log = logging.getLogger("chord")
 
@@ -66,12 +58,6 @@ class Deployment:
         return dict(self.entries).get(role)
 
 
-def check_role(role, where: str = "role") -> str:
-    if role not in ROLES:
-        raise ValueError(f"{where} must be one of {', '.join(ROLES)}, got {role!r}")
-    return role
-
-
 def current_role() -> str:
     """``CHORD_ROLE`` (default ``both``): the serving instance's role, fixed for the process."""
     return _env.get("CHORD_ROLE")  # checked against ROLES by the registry
@@ -81,40 +67,6 @@ def explicit_deployment() -> str | None:
     """``CHORD_DEPLOYMENT`` when set (a deployment name of the profile, or ``custom``), else None."""
     text = (_env.get("CHORD_DEPLOYMENT") or "").strip()
     return text or None
-
-
-def parse_covers(path: str, entry: str, body: dict) -> tuple[tuple, tuple]:
-    """(experts, gemms) of an entry's ``covers`` object, checked; ((), ()) without one."""
-    cov = body.get("covers")
-    if cov is None:
-        return (), ()
-    where = f"{path}: {entry}: covers"
-    if not isinstance(cov, dict) or set(cov) - {"experts", "gemms"} or "experts" not in cov:
-        raise ValueError(f"{where} must be an object with 'experts' (a list of ints) and optional 'gemms' "
-                         f"(a list of [n, k] pairs), got {cov!r}")
-    experts = cov["experts"]
-    if not isinstance(experts, list) or not experts or \
-            any(isinstance(e, bool) or not isinstance(e, int) or e <= 0 for e in experts):
-        raise ValueError(f"{where}.experts must be a non-empty list of positive ints, got {experts!r}")
-    gemms = cov.get("gemms", [])
-    if not isinstance(gemms, list) or any(
-            not isinstance(g, list) or len(g) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
-                                                          for v in g) for g in gemms):
-        raise ValueError(f"{where}.gemms must be a list of [n, k] pairs of positive ints, got {gemms!r}")
-    return tuple(experts), tuple(tuple(g) for g in gemms)
-
-
-def parse_entry_meta(path: str, entry: str, body: dict) -> tuple[str, str, float]:
-    """(deployment, role, split_rows_per_expert) of a profile entry, checked. An entry without
-    ``deployment`` is its own deployment (named after the entry) of role ``both``."""
-    dep = body.get("deployment", entry)
-    if not isinstance(dep, str) or not dep or dep.lower() == CUSTOM:
-        raise ValueError(f"{path}: {entry}: 'deployment' must be a non-empty name other than 'custom', got {dep!r}")
-    role = check_role(body.get("role", "both"), f"{path}: {entry}: 'role'")
-    split = body.get("split_rows_per_expert", DEFAULT_SPLIT_ROWS_PER_EXPERT)
-    if isinstance(split, bool) or not isinstance(split, (int, float)) or not math.isfinite(split) or split <= 0:
-        raise ValueError(f"{path}: {entry}: 'split_rows_per_expert' must be a positive number, got {split!r}")
-    return dep, role, float(split)
 
 
 @lru_cache(maxsize=16)
@@ -263,3 +215,14 @@ def describe(profile_name: str | None = None) -> list[dict]:
     return [{"deployment": d.name, "roles": [r for r, _ in d.entries], "experts": list(d.experts),
              "gemms": [list(g) for g in d.gemms], "split_rows_per_expert": d.split_rows_per_expert}
             for d in deployments(name).values()]
+
+
+def default_deployment(num_experts: int, n: int, k: int, decode: bool = False) -> str:
+    """The profile entry a weight shape's calls use under role decode (`decode`) or prefill: its
+    deployment (chord.deployments.deployment_for: the profile's `covers`, or CHORD_DEPLOYMENT)
+    and that role's entry; "custom" when no deployment covers the shape."""
+    dep = deployment_for(num_experts, n, k)
+    if dep == CUSTOM:
+        return CUSTOM
+    d = deployments(gpu_profile_name())[dep]
+    return d.entry("decode" if decode else "prefill") or d.entry("both") or d.entries[0][1]

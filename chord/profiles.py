@@ -168,8 +168,6 @@ def load_profile_file(name_or_path: str = "h200") -> ProfileFile:
     if not isinstance(data, dict) or not isinstance(data.get("gpu"), str) or \
             not isinstance(data.get("deployments"), dict) or not data["deployments"]:
         raise ValueError(f"{path}: a profile needs 'gpu' (a string) and 'deployments' (a non-empty object)")
-    from chord.deployments import parse_covers, parse_entry_meta
-
     deployments = {}
     for dep, body in data["deployments"].items():
         if not isinstance(body, dict) or not isinstance(body.get("families"), dict) or not body["families"]:
@@ -212,38 +210,64 @@ def load_profile(spec: str | Profile = "h200:ep8-prefill") -> Profile:
     return pf.profile(dep or "ep8-prefill")
 
 
-def default_deployment(num_experts: int, n: int, k: int, decode: bool = False) -> str:
-    """The profile entry a weight shape's calls use under role decode (`decode`) or prefill: its
-    deployment (chord.deployments.deployment_for: the profile's `covers`, or CHORD_DEPLOYMENT)
-    and that role's entry; "custom" when no deployment covers the shape."""
-    from chord.deployments import CUSTOM, deployment_for, deployments
-
-    dep = deployment_for(num_experts, n, k)
-    if dep == CUSTOM:
-        return CUSTOM
-    d = deployments(gpu_profile_name())[dep]
-    return d.entry("decode" if decode else "prefill") or d.entry("both") or d.entries[0][1]
-
-
 def gpu_profile_name() -> str:
     """The profile file in use: $CHORD_PROFILE (default `h200`)."""
     return _env.get("CHORD_PROFILE")
 
 
-def profile_for(family: str, num_experts: int, n: int, k: int, *, deployment: str | None = None,
-                role: str | None = None, profile_name: str | None = None) -> Profile:
-    """The profile a weight shape's calls are decided by, in the GPU profile `gpu_profile_name()`:
-    the deployment that covers the shape (or CHORD_DEPLOYMENT / `deployment`) under the process's
-    role (CHORD_ROLE / `role`); see chord.deployments. The schedule of a shape is then the same
-    whoever calls: `chord.ops`, the `humming` root or `chord bench`."""
-    from chord.deployments import profile_for as _profile_for
-
-    return _profile_for(family, num_experts, n, k, deployment=deployment, role=role, profile_name=profile_name)
-
-
 #: EP8's rows per expert up to which role `both` takes the decode rules (kept for callers of the
 #: name; each profile entry may set its own `split_rows_per_expert`)
 EP8_DECODE_MAX_ROWS_PER_EXPERT = 45.255
+
+#: the roles a profile entry (and a serving instance, CHORD_ROLE) can have (chord.deployments)
+ROLES = ("both", "decode", "prefill")
+CUSTOM = "custom"  # the deployment of a shape no profile entry covers
+#: EP rows per expert up to which a deployment's decode rules apply under role ``both``, above
+#: which its prefill rules: the geometric midpoint of the suite's largest decode point (32) and
+#: smallest prefill point (64), where `chord tune` puts its own rule bounds. A profile entry's
+#: ``split_rows_per_expert`` overrides it.
+DEFAULT_SPLIT_ROWS_PER_EXPERT = 45.255
+
+
+def check_role(role, where: str = "role") -> str:
+    if role not in ROLES:
+        raise ValueError(f"{where} must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
+
+
+def parse_covers(path: str, entry: str, body: dict) -> tuple[tuple, tuple]:
+    """(experts, gemms) of an entry's ``covers`` object, checked; ((), ()) without one."""
+    cov = body.get("covers")
+    if cov is None:
+        return (), ()
+    where = f"{path}: {entry}: covers"
+    if not isinstance(cov, dict) or set(cov) - {"experts", "gemms"} or "experts" not in cov:
+        raise ValueError(f"{where} must be an object with 'experts' (a list of ints) and optional 'gemms' "
+                         f"(a list of [n, k] pairs), got {cov!r}")
+    experts = cov["experts"]
+    if not isinstance(experts, list) or not experts or \
+            any(isinstance(e, bool) or not isinstance(e, int) or e <= 0 for e in experts):
+        raise ValueError(f"{where}.experts must be a non-empty list of positive ints, got {experts!r}")
+    gemms = cov.get("gemms", [])
+    if not isinstance(gemms, list) or any(
+            not isinstance(g, list) or len(g) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
+                                                          for v in g) for g in gemms):
+        raise ValueError(f"{where}.gemms must be a list of [n, k] pairs of positive ints, got {gemms!r}")
+    return tuple(experts), tuple(tuple(g) for g in gemms)
+
+
+def parse_entry_meta(path: str, entry: str, body: dict) -> tuple[str, str, float]:
+    """(deployment, role, split_rows_per_expert) of a profile entry, checked. An entry without
+    ``deployment`` is its own deployment (named after the entry) of role ``both``."""
+    dep = body.get("deployment", entry)
+    if not isinstance(dep, str) or not dep or dep.lower() == CUSTOM:
+        raise ValueError(f"{path}: {entry}: 'deployment' must be a non-empty name other than 'custom', got {dep!r}")
+    role = check_role(body.get("role", "both"), f"{path}: {entry}: 'role'")
+    split = body.get("split_rows_per_expert", DEFAULT_SPLIT_ROWS_PER_EXPERT)
+    if isinstance(split, bool) or not isinstance(split, (int, float)) or not math.isfinite(split) or split <= 0:
+        raise ValueError(f"{path}: {entry}: 'split_rows_per_expert' must be a positive number, got {split!r}")
+    return dep, role, float(split)
+
 
 #: fields of a profile file's deployment entry besides its rules (chord.deployments)
 _ENTRY_FIELDS = frozenset({"about", "families", "deployment", "role", "covers", "split_rows_per_expert"})

@@ -46,7 +46,7 @@ def range_name(op: str, schedule_id: str | None = None) -> str:
     return f"chord/{op}[{schedule_id}]" if schedule_id else f"chord/{op}"
 
 
-_record_function = False  # also open a torch.profiler range of the same name (chord.capture)
+_record_function = False  # also open a torch.profiler range of the same name (chord.lab.capture)
 
 
 def record_function_ranges(on: bool = True) -> None:

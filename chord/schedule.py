@@ -26,8 +26,8 @@ from chord.knobs import (FAMILIES, K_BLOCK, KNOB, KNOBS, MAINLOOPS, MAX_SMEM_PER
                          pairs_fit, wgmma_operand_regs)
 from chord.profiles import (_ENTRY_FIELDS, EP8_DECODE_MAX_ROWS_PER_EXPERT, Decision, Profile, ProfileFile, Rule,
                             _fit_n_tiles, _fit_schedule, _is_number, _legal_text, _parse_rule, _profile_path,
-                            _rule_for, default_deployment, gpu_profile_name, iter_schedules, load_profile,
-                            load_profile_file, profile_for)
+                            _rule_for, gpu_profile_name, iter_schedules, load_profile, load_profile_file)
+from chord.deployments import default_deployment, profile_for
 from chord.selection import (_ROW_GRID, BATCH_INVARIANT_ROWS_PER_EXPERT, BUFFERED_K_ELEMS, DECODE_STREAM_MIN_K_BLOCKS,
                              DECODE_STREAM_MIN_N, DECODE_STREAM_STAGES, GROUPED_TMA_MIN_BLOCK_M, POLICY_RULES,
                              POLICY_SOURCES, SHORT_K_BLOCKS, SMEM_PER_SM, SMS_H200, SPLIT_FILL_MAX,

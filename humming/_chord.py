@@ -2,8 +2,10 @@
 
 Everything humming needs from Chord goes through these functions: weight formats
 (chord.formats), schedule rows (chord.schedule), the raw GEMM ops (torch.ops.chord, registered
-by chord.ops), the JIT for the activation kernel (chord.jit) and the float32 reference
-(chord.reference). Imports are lazy so that ``import humming`` stays light.
+by chord.ops) and the JIT for the activation kernel (chord.jit); the float32 reference
+(chord.reference) and the wrapping of raw tensors as chord.formats objects sit one level lower,
+in :mod:`humming._reference`, which imports nothing of ``humming`` (this module uses it, never
+the other way round). Imports are lazy so that ``import humming`` stays light.
 
 CPU reference backend
 ---------------------
@@ -60,10 +62,9 @@ def pack_codes(q, scales):
 
 def packed_experts(qweight, scales):
     """Wrap raw swap16g tensors as a chord.formats.PackedExperts."""
-    from chord.formats import PackedExperts
+    from humming._reference import packed_experts as _packed
 
-    e, ng, kb, g = (int(d) for d in qweight.shape[:4])
-    return PackedExperts(qweight, scales, e, ng * g * 16, kb * 64)
+    return _packed(qweight, scales)
 
 
 def padding_scales_zero(scales, n: int) -> bool:
@@ -75,9 +76,9 @@ def padding_scales_zero(scales, n: int) -> bool:
 
 def quantized_experts(qweight, scales):
     """chord.formats.QuantizedExperts (int8 codes + bf16 group-32 scales) of raw swap16g tensors."""
-    from chord.formats import unpack_experts
+    from humming._reference import quantized_experts as _quantized
 
-    return unpack_experts(packed_experts(qweight, scales))
+    return _quantized(qweight, scales)
 
 
 def quantize_g32(w):
@@ -86,32 +87,6 @@ def quantize_g32(w):
 
     qe = quantize_int4_g32(w)
     return qe.q, qe.scales
-
-
-# --------------------------------------------------------------------------------------------
-# chord.reference (float32 oracle; rows an op must not write come back NaN)
-
-
-def reference_indexed(x, qweight, scales, sorted_ids, expert_ids, num_tokens_post_padded, top_k: int, block_m: int,
-                      n_out_rows: int):
-    from chord.reference import indexed_gemm_ref
-    from chord.routing import IndexedRouting
-
-    routing = IndexedRouting(sorted_ids, expert_ids, num_tokens_post_padded.reshape(1), block_m, top_k,
-                             num_rows=x.shape[0] * top_k)
-    return indexed_gemm_ref(x, quantized_experts(qweight, scales), None, routing, top_k, n_out_rows=n_out_rows)
-
-
-def reference_contiguous(x, qweight, scales, expert_offsets):
-    from chord.reference import contiguous_gemm_ref
-
-    return contiguous_gemm_ref(x, quantized_experts(qweight, scales), None, expert_offsets)
-
-
-def reference_masked(x3, qweight, scales, expert_num_tokens):
-    from chord.reference import masked_gemm_ref
-
-    return masked_gemm_ref(x3, quantized_experts(qweight, scales), None, expert_num_tokens)
 
 
 # --------------------------------------------------------------------------------------------

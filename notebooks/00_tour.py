@@ -22,12 +22,12 @@ QUICK = True  # CI runs the notebooks with QUICK; on the GPU machine set False f
 import torch
 
 from chord import reference, routing, testing
-from chord.bench.ceilings import Ceilings
-from chord.bench.floors import scenario_floor, weight_bytes
-from chord.bench.inputs import make_topk_ids
-from chord.bench.suite import load_suite
-from chord.workbench import gpu_available, recorded_results, where_results_come_from
-from chord.workbench import figures
+from chord.lab.bench.ceilings import Ceilings
+from chord.lab.bench.floors import scenario_floor, weight_bytes
+from chord.lab.bench.inputs import make_topk_ids
+from chord.lab.bench.suite import load_suite
+from chord.lab.workbench import gpu_available, recorded_results, where_results_come_from
+from chord.lab.workbench import figures
 
 LIVE = gpu_available()
 print("live GPU:", LIVE, "(Chord's kernels run here)" if LIVE else "(no sm_90 GPU: reference path, recorded H200 tables)")
@@ -104,12 +104,12 @@ pct_fig
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
-# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# `chord.lab.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
 # (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
 
 # %%
-from chord.workbench.compare import show_comparison
+from chord.lab.workbench.compare import show_comparison
 
 vs_humming = show_comparison("ep8-prefill-tok128", "indexed", quick=QUICK)
 
@@ -117,10 +117,10 @@ vs_humming = show_comparison("ep8-prefill-tok128", "indexed", quick=QUICK)
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture("ep8-prefill-tok128", "indexed")
 

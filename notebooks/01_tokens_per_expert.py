@@ -23,9 +23,9 @@ GEMM = "gate_up"  # "gate_up" or "down"
 TOK_E = 64
 
 # %%
-from chord.workbench import decision_row, sweep_tok_e
-from chord.workbench import figures
-from chord.workbench.widgets import TOK_E_GRID, tok_e_explorer
+from chord.lab.workbench import decision_row, sweep_tok_e
+from chord.lab.workbench import figures
+from chord.lab.workbench.widgets import TOK_E_GRID, tok_e_explorer
 
 explorer, state = tok_e_explorer(DEPLOYMENT, FAMILY, GEMM, TOK_E)
 explorer
@@ -56,11 +56,11 @@ figures.sweep_figure(rows, marker=row)
 # %% [markdown]
 # ## Measured: the tok_e block-M rule switched off
 # The heuristic policy (no profile row) with its tok_e rule on and off, next to the tuned
-# profile, on a decode, a prefill and a TP8 point: `chord.workbench.ablate` times each distinct
-# schedule once (`chord.tune.time_schedules`), live on an H200, else the committed table.
+# profile, on a decode, a prefill and a TP8 point: `chord.lab.workbench.ablate` times each distinct
+# schedule once (`chord.lab.tune.time_schedules`), live on an H200, else the committed table.
 
 # %%
-from chord.workbench import ablate
+from chord.lab.workbench import ablate
 
 POINTS = [("ep8-decode-tok1", "indexed", "gate_up"), ("ep8-prefill-tok128", "indexed", "gate_up"),
           ("tp8-m4096", "indexed", "gate_up")]
@@ -70,12 +70,12 @@ figures.ablation_figure(ablate.figure_rows(abl, LABELS), LABELS, "tok_e block-M 
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
-# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# `chord.lab.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
 # (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
 
 # %%
-from chord.workbench.compare import show_comparison
+from chord.lab.workbench.compare import show_comparison
 
 vs_humming = show_comparison("ep8-prefill-tok128" if DEPLOYMENT == "ep8" else "tp8-m4096", FAMILY, quick=QUICK)
 
@@ -83,10 +83,10 @@ vs_humming = show_comparison("ep8-prefill-tok128" if DEPLOYMENT == "ep8" else "t
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture("ep8-prefill-tok128" if DEPLOYMENT == "ep8" else "tp8-m4096", FAMILY)
 
@@ -99,7 +99,7 @@ show_capture("ep8-prefill-tok128" if DEPLOYMENT == "ep8" else "tp8-m4096", FAMIL
 # %%
 from humming import tune
 
-from chord.workbench.explore import gemm_shape
+from chord.lab.workbench.explore import gemm_shape
 
 e, n, k = gemm_shape(DEPLOYMENT, GEMM)
 table = tune.rows_for(FAMILY, e, n, k)

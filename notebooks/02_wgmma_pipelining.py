@@ -28,9 +28,9 @@ GEMM = "gate_up"
 # %%
 from chord import optimizations
 from chord.schedule import profile_for, select
-from chord.bench.suite import load_suite
-from chord.workbench import best_by, recorded_file, recorded_tuning
-from chord.workbench import figures
+from chord.lab.bench.suite import load_suite
+from chord.lab.workbench import best_by, recorded_file, recorded_tuning
+from chord.lab.workbench import figures
 
 sc = load_suite().scenario(SCENARIO)
 n, k, prob = sc.gemm_problem(FAMILY, GEMM)
@@ -64,13 +64,13 @@ figures.ablation_figure(rows, ["mma", "wgmma", "wgmma+raster"], "best schedule o
 # %% [markdown]
 # ## Measured: the profile's schedule and each knob switched off
 # This times the scenario's GEMM under the profile schedule, each of its ablations and the
-# warp-specialized producer switched on (`chord.workbench.ablate`: `chord.tune.time_schedules`,
+# warp-specialized producer switched on (`chord.lab.workbench.ablate`: `chord.lab.tune.time_schedules`,
 # the inputs of `chord tune`, do_bench median of a CUDA-graph replay) and checks whether the
 # outputs are bit-identical (wait_group 1 vs 0 and the raster must be; another main loop only
 # agrees to rounding). Live on an H200, else the committed table of the same run.
 
 # %%
-from chord.workbench import ablate
+from chord.lab.workbench import ablate
 
 from chord.schedule import override
 
@@ -123,8 +123,8 @@ abl_w, _ = ablate.rule_ablation("02_wide_warp_tiles", "wide_warp_tiles", "wide t
 # threads do. No profile rule uses it.
 
 # %%
-from chord.workbench import figures, knob_pairs, recorded_file, recorded_timing
-from chord.workbench.tables import show_pairs
+from chord.lab.workbench import figures, knob_pairs, recorded_file, recorded_timing
+from chord.lab.workbench.tables import show_pairs
 
 bw = [r for r in knob_pairs(recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs"), "bulk_w", 0, "bw1", "off")
       if r["run"] == 1]
@@ -133,12 +133,12 @@ figures.ablation_figure(bw, ["off", "bw1"], "bulk weight copies on / off (one GE
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
-# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# `chord.lab.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
 # (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
 
 # %%
-from chord.workbench.compare import show_comparison
+from chord.lab.workbench.compare import show_comparison
 
 vs_humming = show_comparison(SCENARIO, FAMILY, quick=QUICK)
 
@@ -146,10 +146,10 @@ vs_humming = show_comparison(SCENARIO, FAMILY, quick=QUICK)
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture(SCENARIO, FAMILY)
 

@@ -28,13 +28,13 @@ FAMILY = "grouped_masked"
 import torch
 
 from chord import optimizations
-from chord.bench.ceilings import Ceilings
-from chord.bench.floors import scenario_floor, weight_bytes
-from chord.bench.inputs import make_topk_ids
-from chord.bench.report import pivot
-from chord.bench.suite import load_suite
+from chord.lab.bench.ceilings import Ceilings
+from chord.lab.bench.floors import scenario_floor, weight_bytes
+from chord.lab.bench.inputs import make_topk_ids
+from chord.lab.bench.report import pivot
+from chord.lab.bench.suite import load_suite
 from chord.schedule import Schedule
-from chord.workbench import decision_row, recorded_results, where_results_come_from
+from chord.lab.workbench import decision_row, recorded_results, where_results_come_from
 
 for name in ("decode operand swap", "semi-static token slicing"):
     o = optimizations.BY_NAME[name]
@@ -72,13 +72,13 @@ for cell in pivot(res):
 # ## The swap's ablation: swapped vs unswapped over tok_e
 # For each decode point: the profile's schedule, and the same schedule with `swap=0` (an 8-row
 # token tile becomes a 16-row one: tokens on M come in 16-row MMA tiles). Both through
-# `chord.tune.time_schedules` (the inputs of `chord tune`, do_bench median of a CUDA-graph
+# `chord.lab.tune.time_schedules` (the inputs of `chord tune`, do_bench median of a CUDA-graph
 # replay); the off side's output is checked against the swapped one. wgmma schedules have no
 # unswapped side (the weights are always wgmma's register A operand) and are skipped.
 
 # %%
 from chord.schedule import profile_for, select
-from chord.workbench.data import live_or_recorded
+from chord.lab.workbench.data import live_or_recorded
 
 SWAP = optimizations.BY_NAME["decode operand swap"]
 POINTS = ("ep8-decode-tok1", "ep8-decode-tok4", "ep8-decode-tok32") if QUICK else \
@@ -87,7 +87,7 @@ GEMMS = ("gate_up",) if QUICK else ("gate_up", "down")
 
 
 def measure_swap():
-    from chord import tune
+    from chord.lab import tune
 
     out = []
     for sid in POINTS:
@@ -108,7 +108,7 @@ def measure_swap():
 
 
 swap_rows, where = live_or_recorded("03_swap_ablation", measure_swap,
-                                    f"swapped vs unswapped ({FAMILY}) per decode GEMM, chord.tune.time_schedules")
+                                    f"swapped vs unswapped ({FAMILY}) per decode GEMM, chord.lab.tune.time_schedules")
 print(where)
 print(f"{'scenario':18s} {'gemm':8s} {'swapped us':>10s} {'unswapped us':>12s} {'off/on':>7s} {'TB/s on':>8s} {'TB/s off':>9s}")
 for key in dict.fromkeys((r["scenario"], r["gemm"]) for r in swap_rows):
@@ -123,18 +123,18 @@ for key in dict.fromkeys((r["scenario"], r["gemm"]) for r in swap_rows):
 # expert's 16-row tiles in groups of 8 with each K block of a group contiguous (`swap16g`,
 # docs/architecture.md): a CTA's pipeline stage is one or two 4 KB runs. The first layout
 # (tile-major, G = 1) put the stage's 8-16 pieces of 512 bytes K/64 x 512 bytes apart.
-# `chord.tune.time_layouts` packs the same weights both ways (`CHORD_TILE_GROUP=1` for the old
+# `chord.lab.tune.time_layouts` packs the same weights both ways (`CHORD_TILE_GROUP=1` for the old
 # order; the ops run the kernel built for each one's G) and times each GEMM's profile schedule;
 # the outputs must have the same bits.
 
 # %%
-from chord.tune import LAYOUT_GEMMS, time_layouts
+from chord.lab.tune import LAYOUT_GEMMS, time_layouts
 
 layout_rows, where = live_or_recorded(
     "03_layout_ablation",
     lambda: time_layouts(LAYOUT_GEMMS[:4] if QUICK else LAYOUT_GEMMS, rep_ms=20 if QUICK else 30,
                          repeats=1 if QUICK else 2),
-    "profile schedule per GEMM on tile-grouped (G=8) and tile-major (G=1) weights, chord.tune.time_layouts")
+    "profile schedule per GEMM on tile-grouped (G=8) and tile-major (G=1) weights, chord.lab.tune.time_layouts")
 print(where)
 print(f"{'GEMM':48s} {'G=8 us':>8s} {'G=1 us':>8s} {'G=1 / G=8':>10s}")
 for key in dict.fromkeys((r["scenario"], r["family"], r["gemm"], r["repeat"]) for r in layout_rows):
@@ -144,11 +144,11 @@ for key in dict.fromkeys((r["scenario"], r["family"], r["gemm"], r["repeat"]) fo
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
-# `chord.workbench.compare` runs the bench on this scenario and family: Chord here, upstream
+# `chord.lab.workbench.compare` runs the bench on this scenario and family: Chord here, upstream
 # humming-kernels 0.1.20 in a worker subprocess with its own install (`CHORD_HUMMING_DIR`).
 
 # %%
-from chord.workbench.compare import show_comparison
+from chord.lab.workbench.compare import show_comparison
 
 show_comparison("ep8-decode-tok4", FAMILY, quick=QUICK)
 
@@ -156,10 +156,10 @@ show_comparison("ep8-decode-tok4", FAMILY, quick=QUICK)
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture("ep8-decode-tok4", FAMILY)
 

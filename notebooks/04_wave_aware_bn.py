@@ -26,9 +26,9 @@ GEMM = "gate_up"
 
 # %%
 from chord import optimizations
-from chord.workbench import SMS_H200, best_by, decision_row, recorded_file, recorded_tuning
-from chord.workbench import figures
-from chord.workbench.explore import gemm_shape, tile_count, waves
+from chord.lab.workbench import SMS_H200, best_by, decision_row, recorded_file, recorded_tuning
+from chord.lab.workbench import figures
+from chord.lab.workbench.explore import gemm_shape, tile_count, waves
 
 print(optimizations.BY_NAME["wave-aware BN"].status, "-", optimizations.BY_NAME["wave-aware BN"].what)
 
@@ -68,11 +68,11 @@ figures.ablation_figure(rows, ["BN=128", "BN=256"], "fastest schedule per block_
 # %% [markdown]
 # ## Measured: the wave-aware BN rule switched off
 # The heuristic policy with the rule on (BN 256 only when its tiles fill whole waves) and off
-# (BN 128 always), next to the tuned profile (`chord.workbench.ablate`: live on an H200, else
+# (BN 128 always), next to the tuned profile (`chord.lab.workbench.ablate`: live on an H200, else
 # the committed table).
 
 # %%
-from chord.workbench import ablate
+from chord.lab.workbench import ablate
 
 POINTS = [("ep8-decode-tok1", FAMILY, "gate_up"), ("ep8-decode-tok12", FAMILY, "gate_up"),
           ("tp8-m1024", "indexed", "gate_up")]
@@ -101,12 +101,12 @@ figures.ablation_figure(ablate.figure_rows(abl_t, LABELS_T), LABELS_T, "touched-
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
-# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# `chord.lab.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
 # (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
 
 # %%
-from chord.workbench.compare import show_comparison
+from chord.lab.workbench.compare import show_comparison
 
 vs_humming = show_comparison("ep8-prefill-tok512" if DEPLOYMENT == "ep8" else "tp8-m16384", FAMILY, quick=QUICK)
 
@@ -114,10 +114,10 @@ vs_humming = show_comparison("ep8-prefill-tok512" if DEPLOYMENT == "ep8" else "t
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture("ep8-prefill-tok512" if DEPLOYMENT == "ep8" else "tp8-m16384", FAMILY)
 

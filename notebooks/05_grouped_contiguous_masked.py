@@ -25,8 +25,8 @@ M, E, TOP_K = 12, 6, 2  # a small routing to look at
 import torch
 
 from chord import optimizations, routing
-from chord.bench.report import pivot
-from chord.workbench import recorded_results, where_results_come_from
+from chord.lab.bench.report import pivot
+from chord.lab.workbench import recorded_results, where_results_come_from
 
 ids = routing.random_topk_ids(M, E, TOP_K, seed=3)
 x = torch.randn(M, 64).bfloat16()
@@ -63,10 +63,10 @@ for scen, fams in by.items():
 # ## Measured: the tile raster on the contiguous family
 # Groups of token tiles walk every N block before the next group, so an expert's weights are read
 # from HBM once per group; off: launch order. The profile's schedule and the same schedule with
-# `raster=0` (`chord.workbench.ablate`: live on an H200, else the committed table).
+# `raster=0` (`chord.lab.workbench.ablate`: live on an H200, else the committed table).
 
 # %%
-from chord.workbench import ablate
+from chord.lab.workbench import ablate
 
 LABELS = ["profile", "raster off"]
 VARIANTS = {"profile": ablate.policy("profile"), "raster off": ablate.knob_off("tile raster")}
@@ -121,8 +121,8 @@ for r in ablate.schedules(POINTS_B[-2:], {"heuristic": ablate.policy("heuristic"
 # docs/optimizations.md).
 
 # %%
-from chord.workbench import figures, knob_pairs, recorded_file, recorded_timing
-from chord.workbench.tables import show_pairs
+from chord.lab.workbench import figures, knob_pairs, recorded_file, recorded_timing
+from chord.lab.workbench.tables import show_pairs
 
 s9 = recorded_timing("2026-12-01-h200-timing-37dd90f-bulk-tma-pairs")
 for knob, label in (("tma_x", "tx1"), ("cluster_n", "cn2")):
@@ -133,12 +133,12 @@ for knob, label in (("tma_x", "tx1"), ("cluster_n", "cn2")):
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
-# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# `chord.lab.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
 # (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
 
 # %%
-from chord.workbench.compare import show_comparison
+from chord.lab.workbench.compare import show_comparison
 
 vs_humming = show_comparison("ep8-prefill-tok128", "grouped_contiguous", quick=QUICK)
 
@@ -146,10 +146,10 @@ vs_humming = show_comparison("ep8-prefill-tok128", "grouped_contiguous", quick=Q
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture("ep8-prefill-tok128", "grouped_contiguous")
 

@@ -26,8 +26,8 @@ SCENARIO = "tp8-m1"
 
 # %%
 from chord import optimizations
-from chord.workbench import best_by, decision_row, recorded_tuning
-from chord.workbench import figures
+from chord.lab.workbench import best_by, decision_row, recorded_tuning
+from chord.lab.workbench import figures
 
 for name in ("split-K", "bounded 2-CTA/SM window", "multi-tile CTAs", "stmatrix epilogue", "persistent tile scheduling",
              "stream-K", "shape-aware stream-K gate"):
@@ -82,7 +82,7 @@ figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n
 # 8-token groups of a 16-feature tile; `stm0` stores one 16-bit value at a time. `persistent`
 # (`ps1`, not used by the profile) launches about one wave of CTAs that walk every (token tile,
 # n_tiles N blocks) item from the device's routing. Each pair was timed in one run on one machine
-# instance (Chord only, `chord.tune.time_schedules`); both sides give the same bits. Split-K
+# instance (Chord only, `chord.lab.tune.time_schedules`); both sides give the same bits. Split-K
 # tiles stage through the fix-up instead, so their pairs are left out. Run 7 timed the kernels
 # of commit 347cd15, whose stmatrix 96 x 128 tile had 136 registers instead of 128 (e54a0ff);
 # the persistent pairs are those of the persistent code as committed (run 4 of its file), whose
@@ -90,8 +90,8 @@ figures.ablation_figure(nt_rows, list(nt_groups), "TP8 down: best schedule per n
 # (run 3: 1342.9 and 408.4 us) persistence is 3 % and 25 % slower (docs/optimizations.md).
 
 # %%
-from chord.workbench import knob_pairs, recorded_file, recorded_timing
-from chord.workbench.tables import show_pairs
+from chord.lab.workbench import knob_pairs, recorded_file, recorded_timing
+from chord.lab.workbench.tables import show_pairs
 
 # (knob_pairs leaves out ids that are no schedule any more, e.g. the split-K stm0 one of run 3)
 stm = knob_pairs(recorded_timing("2026-12-01-h200-timing-6d111f6-epilogue-tiles"), "stmatrix", 0, "stmatrix", "stm0")
@@ -107,11 +107,11 @@ figures.ablation_figure(ps, ["one CTA per item", "persistent"], "persistent CTAs
 # %% [markdown]
 # ## Measured live: the split-K gate and multi-tile CTAs switched off
 # The heuristic policy with its split-K gate on and off at one token (next to the tuned profile),
-# and the profile's TP8 down schedule with `n_tiles` on and off (`chord.workbench.ablate`: live
+# and the profile's TP8 down schedule with `n_tiles` on and off (`chord.lab.workbench.ablate`: live
 # on an H200, else the committed tables).
 
 # %%
-from chord.workbench import ablate
+from chord.lab.workbench import ablate
 
 sk, _ = ablate.rule_ablation("06_split_k_gate", "split_k_gate", "split-K gate off", [(SCENARIO, "indexed", "gate_up")],
                              "split-K gate on/off under the heuristic policy, and the tuned profile")
@@ -136,10 +136,10 @@ ablate.show_table(nt, NT_LABELS, where)
 # %%
 import math
 
-from chord import tune
-from chord.bench.suite import load_suite
+from chord.lab import tune
+from chord.lab.bench.suite import load_suite
 from chord.schedule import profile_for, select
-from chord.workbench import gpu_available, recorded_file, recorded_timing
+from chord.lab.workbench import gpu_available, recorded_file, recorded_timing
 
 for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
     for bn in (64, 128):
@@ -189,12 +189,12 @@ for r in ablate.pair_schedules(PDL_POINTS, PDL_VARIANTS):
 
 # %% [markdown]
 # ## Live: these calls next to upstream Humming
-# `chord.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
+# `chord.lab.workbench.compare` runs the bench on this notebook's scenario and family: Chord here,
 # upstream humming-kernels 0.1.20 in a worker subprocess with its own install
 # (`CHORD_HUMMING_DIR`); without a GPU, the committed H200 run's rows of the same cell.
 
 # %%
-from chord.workbench.compare import show_comparison
+from chord.lab.workbench.compare import show_comparison
 
 vs_humming = show_comparison(SCENARIO, "indexed", quick=QUICK)
 
@@ -202,10 +202,10 @@ vs_humming = show_comparison(SCENARIO, "indexed", quick=QUICK)
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture(SCENARIO, "indexed")
 
@@ -223,7 +223,7 @@ split = optimizations.BY_NAME["split-K"]
 if split.is_on(s):
     off = split.switch_off(s)
     assert off.split_k == 1 and {kn for kn in s.knobs() if getattr(off, kn) != getattr(s, kn)} == {"split_k"}
-    from chord.workbench.explore import tile_count
+    from chord.lab.workbench.explore import tile_count
 
     assert tile_count(384, 8 / 384, s.block_m, 512, s.block_n, s.split_k) == \
         s.split_k * tile_count(384, 8 / 384, off.block_m, 512, off.block_n, 1)

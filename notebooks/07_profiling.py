@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 07 — Profiling: NVTX-annotated captures of the very calls the bench times
 #
-# `chord profile` (library: `chord.capture`) runs one suite scenario's gate_up + down with the
+# `chord capture` (library: `chord.lab.capture`) runs one suite scenario's gate_up + down with the
 # bench's inputs, routing and schedules, with NVTX on: every launch sits in a range named
 # `chord/<op>[<schedule id>]`, so a Nsight Systems timeline or a Nsight Compute report names the
 # schedule of each kernel. Three tools: `torch` (torch.profiler in-process, Chrome trace + a
@@ -22,12 +22,12 @@ SCENARIO = "ep8-prefill-tok128"
 FAMILY = "indexed"
 
 # %%
-from chord import capture
-from chord.workbench import decision_row, figures
-from chord.workbench.captures import capture_or_recorded, profile_commands
+from chord.lab import capture
+from chord.lab.workbench import decision_row, figures
+from chord.lab.workbench.captures import capture_or_recorded, capture_commands
 
 print("capture tools:", ", ".join(capture.TOOLS))
-for cmd in profile_commands(SCENARIO, FAMILY):
+for cmd in capture_commands(SCENARIO, FAMILY):
     print(" ", cmd)
 
 # %% [markdown]
@@ -36,7 +36,7 @@ for cmd in profile_commands(SCENARIO, FAMILY):
 # %%
 import ipywidgets as W
 
-from chord.bench.suite import load_suite
+from chord.lab.bench.suite import load_suite
 
 suite = load_suite()
 scen = W.Dropdown(options=[s.id for s in suite.scenarios], value=SCENARIO, description="scenario")
@@ -63,8 +63,8 @@ W.VBox([scen, out])
 # other schedules for these calls (its times are then those of the recorded decision).
 
 # %%
-from chord.workbench.captures import stale_schedules, todays_schedules
-from chord.workbench.tables import show_rows
+from chord.lab.workbench.captures import stale_schedules, todays_schedules
+from chord.lab.workbench.tables import show_rows
 
 cap, where = capture_or_recorded(SCENARIO, FAMILY, iters=2 if QUICK else 5)
 print(where)
@@ -75,7 +75,7 @@ figures.capture_figure(cap)
 # %% [markdown]
 # ## Invariant
 # The capture's Chord ranges are exactly today's decision for this scenario (the schedules the
-# selection policy in use picks, `chord.capture.expected_ranges`): always for a live capture; a
+# selection policy in use picks, `chord.lab.capture.expected_ranges`): always for a live capture; a
 # recorded one either shows today's schedules or is flagged as recorded under another decision
 # (and then shows exactly the schedules it records). Each GEMM range ran once per iteration plus
 # the warm-up, and the GEMM kernels' GPU time is inside the ranges.

@@ -25,9 +25,9 @@ OUT_DIR = "bench-out"
 # %%
 import os
 
-from chord.bench import report, runner
-from chord.workbench import figures, gpu_available, recorded_results
-from chord.workbench.tables import show_bench
+from chord.lab.bench import report, runner
+from chord.lab.workbench import figures, gpu_available, recorded_results
+from chord.lab.workbench.tables import show_bench
 
 HUMMING_DIR = HUMMING_DIR or os.environ.get("CHORD_HUMMING_DIR")
 if gpu_available():
@@ -73,10 +73,10 @@ figures.speedup_figure(result_ep)
 # ## NVTX capture of these calls
 # The same gate_up + down calls the bench times, each launch in a `chord/<op>[<schedule id>]`
 # range: live with torch.profiler on an H200, else the committed capture when there is one, and
-# the `chord profile` commands for Nsight Systems / Compute (notebook 07 explains the capture).
+# the `chord capture` commands for Nsight Systems / Compute (notebook 07 explains the capture).
 
 # %%
-from chord.workbench.captures import show_capture
+from chord.lab.workbench.captures import show_capture
 
 show_capture("ep8-prefill-tok128", "indexed")
 

@@ -1,4 +1,4 @@
-"""CPU tests of chord.bench: suites, floors, the CPU fallback of `chord bench`, reports, and the
+"""CPU tests of chord.lab.bench: suites, floors, the CPU fallback of `chord bench`, reports, and the
 Humming baseline driver (argument parsing, refusal of a wrong `humming`, its flow on a fake)."""
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from chord.bench import floors as F
-from chord.bench import humming_baseline as HB
-from chord.bench import inputs as I
-from chord.bench import report, runner, timing
-from chord.bench.ceilings import Ceilings, from_baseline_file
-from chord.bench.suite import DEFAULT_BASELINE, Scenario, cpu_scenarios, load_suite
+from chord.lab.bench import floors as F
+from chord.lab.bench import humming_baseline as HB
+from chord.lab.bench import humming_worker as W
+from chord.lab.bench import vllm_sequence as VS
+from chord.lab.bench import inputs as I
+from chord.lab.bench import report, runner, timing
+from chord.lab.bench.ceilings import Ceilings, from_baseline_file
+from chord.lab.bench.suite import DEFAULT_BASELINE, Scenario, cpu_scenarios, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 # the ceilings recorded with the committed Humming baseline (H200, 2026-11-29)
@@ -177,11 +179,12 @@ def test_chord_bench_cli_subprocess_without_gpu(tmp_path):
 
 
 def test_cli_parser_registers_only_implemented_commands():
-    from chord import cli
+    from chord.lab import cli
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == {"bench", "tune", "info", "doctor", "precompile", "profile", "limits"}
+    assert set(sub.choices) == {"bench", "tune", "info", "doctor", "precompile", "capture", "limits", "variant"}
+    assert set(sub.choices) == set(cli.COMMANDS)
     if not __import__("torch").cuda.is_available():
         assert cli.main(["tune"]) == 2  # says plainly that tuning needs a GPU
     args = parser.parse_args(["bench", "--scenarios", "tp8-m1", "--quick", "--humming-dir", "/x"])
@@ -257,22 +260,22 @@ def test_report_html_with_plotly(tmp_path):
 
 
 def test_humming_baseline_arguments(monkeypatch):
-    a = HB.parse_args(["--humming-dir", "/opt/h", "--json-out", "o.json"])
+    a = W.parse_args(["--humming-dir", "/opt/h", "--json-out", "o.json"])
     assert (a.humming_dir, a.json_out, a.seed, a.warmup_ms, a.rep_ms) == ("/opt/h", "o.json", 0, 50.0, 300.0)
     assert (a.codes, a.tuning_rows, a.no_cuda_graph, a.check_rows, a.scenarios) == ("full", "all", False, 512, None)
-    a = HB.parse_args(["--humming-dir", "/h", "--json-out", "o", "--scenarios", "tp8-m1", "--families", "indexed",
+    a = W.parse_args(["--humming-dir", "/h", "--json-out", "o", "--scenarios", "tp8-m1", "--families", "indexed",
                        "--seed", "3", "--codes", "sym7", "--tuning-rows", "matching", "--no-cuda-graph"])
     assert (a.scenarios, a.families, a.seed, a.codes, a.tuning_rows, a.no_cuda_graph) == (
         "tp8-m1", "indexed", 3, "sym7", "matching", True)
     monkeypatch.setenv("CHORD_HUMMING_DIR", "/from/env")
-    assert HB.parse_args(["--json-out", "o"]).humming_dir == "/from/env"
+    assert W.parse_args(["--json-out", "o"]).humming_dir == "/from/env"
     monkeypatch.delenv("CHORD_HUMMING_DIR")
     with pytest.raises(SystemExit):
-        HB.parse_args(["--json-out", "o"])  # no --humming-dir
+        W.parse_args(["--json-out", "o"])  # no --humming-dir
     with pytest.raises(SystemExit):
-        HB.parse_args(["--humming-dir", "/h"])  # no --json-out
+        W.parse_args(["--humming-dir", "/h"])  # no --json-out
     with pytest.raises(SystemExit):
-        HB.parse_args(["--humming-dir", "/h", "--json-out", "o", "--codes", "int3"])
+        W.parse_args(["--humming-dir", "/h", "--json-out", "o", "--codes", "int3"])
 
 
 def _fake_upstream(root: Path, version: str = HB.UPSTREAM_VERSION) -> Path:
@@ -284,9 +287,9 @@ def _fake_upstream(root: Path, version: str = HB.UPSTREAM_VERSION) -> Path:
 
 
 def test_humming_baseline_refuses_dir_without_humming(tmp_path):
-    with pytest.raises(HB.WrongHumming, match="holds no 'humming' package"):
-        HB.import_upstream_humming(tmp_path)
-    p = subprocess.run([sys.executable, "-m", "chord.bench.humming_baseline", "--humming-dir", str(tmp_path),
+    with pytest.raises(W.WrongHumming, match="holds no 'humming' package"):
+        W.import_upstream_humming(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "chord.lab.bench.humming_worker", "--humming-dir", str(tmp_path),
                         "--json-out", str(tmp_path / "o.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == HB.EXIT_WRONG_HUMMING
     assert "refusing to run" in p.stderr
@@ -297,13 +300,13 @@ def test_humming_baseline_refuses_other_humming_already_imported(tmp_path, monke
     shim = types.ModuleType("humming")
     shim.__file__ = str(REPO / "humming" / "__init__.py")  # Chord's shim
     monkeypatch.setitem(sys.modules, "humming", shim)
-    with pytest.raises(HB.WrongHumming, match="resolves to .*not to the upstream install"):
-        HB.import_upstream_humming(up)
+    with pytest.raises(W.WrongHumming, match="resolves to .*not to the upstream install"):
+        W.import_upstream_humming(up)
 
 
 def test_humming_baseline_refuses_wrong_version(tmp_path):
     up = _fake_upstream(tmp_path / "up", version="0.1.19")
-    p = subprocess.run([sys.executable, "-m", "chord.bench.humming_baseline", "--humming-dir", str(up),
+    p = subprocess.run([sys.executable, "-m", "chord.lab.bench.humming_worker", "--humming-dir", str(up),
                         "--json-out", str(tmp_path / "o.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == HB.EXIT_WRONG_HUMMING
     assert "version 0.1.19" in p.stderr
@@ -313,8 +316,8 @@ def test_humming_baseline_upstream_wins_over_the_shim_on_the_path(tmp_path):
     """Run from the repo root (whose humming/ is Chord's shim) with the shim first on PYTHONPATH:
     the script still imports the upstream package from --humming-dir."""
     up = _fake_upstream(tmp_path / "up")
-    code = ("import sys; from chord.bench import humming_baseline as HB; "
-            f"h = HB.import_upstream_humming({str(up)!r}); print(h.__file__)")
+    code = ("import sys; from chord.lab.bench import humming_worker as W; "
+            f"h = W.import_upstream_humming({str(up)!r}); print(h.__file__)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -324,10 +327,10 @@ def test_humming_baseline_upstream_wins_over_the_shim_on_the_path(tmp_path):
 def test_runner_launches_humming_with_upstream_first(tmp_path):
     opts = runner.BenchOptions(humming_dir=str(tmp_path), seed=2, quick=True, cuda_graph=False)
     cmd = runner.humming_command(opts, "tp8-m1", "indexed", tmp_path / "h.json")
-    assert cmd[:4] == [sys.executable, "-P", "-m", "chord.bench.humming_baseline"]
+    assert cmd[:4] == [sys.executable, "-P", "-m", "chord.lab.bench.humming_worker"]
     assert cmd[cmd.index("--humming-dir") + 1] == str(tmp_path)
     assert cmd[cmd.index("--seed") + 1] == "2" and "--no-cuda-graph" in cmd
-    env = runner.humming_env(str(tmp_path))
+    env = HB.environment(str(tmp_path))
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path.resolve())
 
 
@@ -349,7 +352,7 @@ def test_humming_baseline_flow_on_a_fake(tmp_path, monkeypatch):
         big = 32 if name == "w13" else 16
         tables = {f: [[0, 100, {"block_shape": [8, 128, 64]}], [100, 1 << 30, {"block_shape": [big, 128, 64]}]]
                   for f in families}
-        layer = HB.HummingLayer(name, _FakeConfig(), {"weight": q, "weight_scale": scales}, None, None, tables)
+        layer = VS.HummingLayer(name, _FakeConfig(), {"weight": q, "weight_scale": scales}, None, None, tables)
         layer.q, layer.s = q, scales
         return layer
 
@@ -371,11 +374,11 @@ def test_humming_baseline_flow_on_a_fake(tmp_path, monkeypatch):
             ref = ref.view(-1, layer.q.shape[1])
         outputs.copy_(ref.nan_to_num(0).to(outputs.dtype))
 
-    monkeypatch.setattr(HB, "import_upstream_humming",
+    monkeypatch.setattr(W, "import_upstream_humming",
                         lambda *a, **k: types.SimpleNamespace(__file__="/x/humming/__init__.py", __version__="0.1.20"))
-    monkeypatch.setattr(HB, "assert_still_upstream", lambda d: None)
-    monkeypatch.setattr(HB, "build_layer", fake_build)
-    monkeypatch.setattr(HB, "_forward", fake_forward)
+    monkeypatch.setattr(W, "assert_still_upstream", lambda d: None)
+    monkeypatch.setattr(VS, "build_layer", fake_build)
+    monkeypatch.setattr(VS, "_forward", fake_forward)
     monkeypatch.setattr(timing, "bench", lambda fn, **k: (fn(), timing.Timing(1.0, 2.0, 3.0, "fake"))[1])
     scen = cpu_scenarios()
     suite = {"name": "mini", "model": {"top_k": 4},
@@ -383,9 +386,9 @@ def test_humming_baseline_flow_on_a_fake(tmp_path, monkeypatch):
                             "k_gate_up": s.k_gate_up, "n_down": s.n_down, "k_down": s.k_down, "tok_e": s.tok_e,
                             "families": list(s.families)} for s in scen]}
     (tmp_path / "suite.json").write_text(json.dumps(suite))
-    args = HB.parse_args(["--humming-dir", "/x", "--suite", str(tmp_path / "suite.json"), "--json-out",
+    args = W.parse_args(["--humming-dir", "/x", "--suite", str(tmp_path / "suite.json"), "--json-out",
                           str(tmp_path / "h.json"), "--device", "cpu", "--tuning-rows", "matching"])
-    out = HB.run(args)
+    out = W.run(args)
     rows = json.loads((tmp_path / "h.json").read_text())["rows"]
     assert rows == json.loads(json.dumps(out["rows"], default=str))
     assert not [r for r in rows if r["metric"] == "error"]
@@ -399,7 +402,7 @@ def test_humming_baseline_flow_on_a_fake(tmp_path, monkeypatch):
 def test_matching_rows_pick_the_same_rows_as_the_whole_table():
     table = [[0, 8, {"block_shape": [8]}], [8, 64, {"block_shape": [16]}], [64, 300, {"block_shape": [24]}],
              [300, 1 << 30, {"block_shape": [64]}]]
-    layer = HB.HummingLayer("w13", _FakeConfig(), {"weight": None, "weight_scale": None}, None, None,
+    layer = VS.HummingLayer("w13", _FakeConfig(), {"weight": None, "weight_scale": None}, None, None,
                             {"indexed": table})
     layer.set_needed("indexed", [48, 2000])
     sub = json.loads(layer.tuning_config("indexed", 48, "matching"))
@@ -409,7 +412,7 @@ def test_matching_rows_pick_the_same_rows_as_the_whole_table():
         pick = next(r for r in sub if r[0] < v <= r[1])
         assert pick[2] == layer.row_for("indexed", v)[2]
     assert layer.tuning_config("indexed", 48, "all") == json.dumps(table)
-    assert layer.block_size("indexed", 48) == 16 and layer.block_size("indexed", 0) == HB.DEFAULT_BLOCK
+    assert layer.block_size("indexed", 48) == 16 and layer.block_size("indexed", 0) == VS.DEFAULT_BLOCK
 
 
 def test_family_layouts_cover_every_route_once():
@@ -426,7 +429,7 @@ def test_family_layouts_cover_every_route_once():
 
 
 def test_speedup_summary_is_the_geomean_per_deployment():
-    from chord.bench.report import speedup_summary, terminal_table
+    from chord.lab.bench.report import speedup_summary, terminal_table
 
     def rows(scenario, dep, chord_us, hum_us):
         base = {"scenario": scenario, "family": "indexed", "deployment": dep, "metric": "time_us"}

@@ -1,8 +1,8 @@
-"""chord.capture / `chord profile` host logic (the captures themselves run on the H200)."""
+"""chord.lab.capture / `chord capture` host logic (the captures themselves run on the H200)."""
 import pytest
 import torch
 
-from chord import capture
+from chord.lab import capture
 from chord.cli import main
 from chord.profiling import range_name
 
@@ -29,7 +29,7 @@ def test_bad_arguments_are_named(kw, exc, msg, tmp_path):
 def test_without_a_gpu_the_capture_says_where_the_recorded_ones_are(tmp_path, capsys):
     with pytest.raises(capture.CaptureError, match="needs an sm_90"):
         capture.capture("tp8-m1", "indexed", out_dir=tmp_path)
-    assert main(["profile", "--scenario", "tp8-m1", "--out", str(tmp_path)]) == 2
+    assert main(["capture", "--scenario", "tp8-m1", "--out", str(tmp_path)]) == 2
     assert "recorded H200 captures" in capsys.readouterr().err
 
 
@@ -53,7 +53,7 @@ def test_record_function_mirror_is_off_unless_a_capture_turns_it_on():
 
 
 def test_capture_figure_and_the_recorded_capture_agree():
-    from chord.workbench import figures, recorded_capture
+    from chord.lab.workbench import figures, recorded_capture
 
     cap = recorded_capture()
     fig = figures.capture_figure(cap)
@@ -85,7 +85,7 @@ def test_nvtx_package_ranges_use_its_public_functions(monkeypatch):
 
 
 def test_a_family_the_scenario_does_not_run_is_named_before_any_work():
-    from chord.bench import inputs as I
+    from chord.lab.bench import inputs as I
 
     with pytest.raises(ValueError, match="capture: scenario tp8-m1 runs families"):
         I.one_scenario(None, "tp8-m1", "grouped_masked", who="capture")
@@ -114,7 +114,7 @@ def test_a_bad_scenario_is_named_before_the_gpu_check(tmp_path):
 
 @pytest.mark.parametrize("tool", ["nsys", "ncu"])
 def test_cuda_graph_captures_ask_the_subprocess_and_the_tool_for_graph_replays(tool, monkeypatch, tmp_path):
-    """`chord profile --cuda-graph`: the profiled subprocess replays one graph of the pair; nsys
+    """`chord capture --cuda-graph`: the profiled subprocess replays one graph of the pair; nsys
     traces each kernel node of it (its default shows a graph launch as one range); ncu skips the
     capture's warm-up and first replay too."""
     from chord.cli import build_parser
@@ -136,7 +136,7 @@ def test_cuda_graph_captures_ask_the_subprocess_and_the_tool_for_graph_replays(t
         with pytest.raises(Stop):
             capture.capture("tp8-m1", "indexed", tool, tmp_path, iters=5, cuda_graph=graph)
     with_graph, without = ran
-    sub = with_graph[with_graph.index("profile", 2):]
+    sub = with_graph[with_graph.index("capture", 2):]
     assert sub[-1] == "--cuda-graph" and "--cuda-graph" not in without
     args = build_parser().parse_args(sub)
     assert args.cuda_graph is True and args.tool == "none" and args.iters == 5
@@ -161,3 +161,21 @@ def test_a_cuda_graph_capture_sees_every_replayed_kernel(tmp_path):
     assert chord_kernels(eager) == 2 + 8, eager.kernels
     assert chord_kernels(cap) == chord_kernels(eager) + 4, (cap.kernels, eager.kernels)
     assert (tmp_path / "graph" / "timeline.html").exists()
+
+
+def test_chord_profile_is_the_deprecated_name_of_chord_capture(capsys, monkeypatch, tmp_path):
+    """`chord profile` still runs the capture, with a warning on stderr naming `chord capture`;
+    `chord capture` says nothing of the kind, and `profile` is no longer listed."""
+    from chord.lab import cli
+
+    seen = []
+    monkeypatch.setattr(capture, "capture", lambda *a, **k: seen.append((a, k)) or (_ for _ in ()).throw(
+        capture.CaptureError("stop here")))
+    for name in ("profile", "capture"):
+        assert cli.main([name, "--scenario", "tp8-m1", "--iters", "2", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert ("deprecated" in err and "`chord capture`" in err) == (name == "profile"), err
+        assert "chord capture: stop here" in err
+    assert seen[0] == seen[1] and seen[0][0][:2] == ("tp8-m1", "indexed")
+    assert "profile" not in cli.COMMANDS and cli.DEPRECATED_COMMANDS == {"profile": "capture"}
+    assert cli._renamed(["--version"]) == ["--version"] and cli._renamed(["bench", "profile"]) == ["bench", "profile"]

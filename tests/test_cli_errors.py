@@ -56,7 +56,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 import chord  # noqa: E402
-from chord.bench.suite import FAMILIES, load_suite  # noqa: E402
+from chord.lab.bench.suite import FAMILIES, load_suite  # noqa: E402
 
 SUITE_IDS = load_suite().ids
 
@@ -67,8 +67,8 @@ def nothing_runs(request, monkeypatch):
     lets a bad value through reaches the work and the test fails."""
     import torch
 
-    from chord.bench import runner, timing
-    from chord import capture, jit, limits, tune
+    from chord.lab.bench import host_time, layout_ablation, one_gemm, runner, timing
+    from chord.lab import capture, limits, precompile, tune, variant
 
     has_gpu = request.param == "with-cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: has_gpu)
@@ -77,8 +77,9 @@ def nothing_runs(request, monkeypatch):
     def ran(*a, **k):
         raise AssertionError("the command ran although an argument was bad")
 
-    for mod, name in ((runner, "main"), (tune, "tune_suite"), (jit, "precompile_profile"), (capture, "capture"),
-                      (limits, "run")):
+    for mod, name in ((runner, "main"), (tune, "tune_suite"), (precompile, "build"), (precompile, "pack"),
+                      (capture, "capture"), (limits, "run"), (one_gemm, "run"), (host_time, "measure"),
+                      (layout_ablation, "run"), (variant, "write")):
         monkeypatch.setattr(mod, name, ran)
     for var in [k for k in os.environ if k.startswith("CHORD_") and k != "CHORD_CACHE_DIR"]:
         monkeypatch.delenv(var)
@@ -136,11 +137,11 @@ def test_unknown_policy_flag(nothing_runs, capsys):
     refused(["bench", "--policy", "profile,-wave_aware_bn"], capsys, "--policy", "heuristic")
 
 
-@pytest.mark.parametrize("command", ["bench", "tune", "limits", "profile"])
+@pytest.mark.parametrize("command", ["bench", "tune", "limits", "capture"])
 def test_unwritable_out(command, nothing_runs, capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    extra = ["--scenario", "tp8-m1"] if command == "profile" else []
+    extra = ["--scenario", "tp8-m1"] if command == "capture" else []
     refused([command, *extra, "--out", str(blocker / "sub")], capsys, "--out", str(blocker), "is a file")
     refused([command, *extra, "--out", str(blocker)], capsys, "--out", "is a file, not a folder")
     if os.geteuid() != 0:  # root writes anywhere
@@ -173,10 +174,10 @@ def test_tune_checks_its_arguments_before_saying_it_needs_a_gpu(nothing_runs, ca
     assert "GPU" not in err
 
 
-def test_profile_scenario_and_family_and_iters(nothing_runs, capsys):
-    refused(["profile", "--scenario", "nope"], capsys, "--scenario 'nope'", SUITE_IDS[-1])
-    refused(["profile", "--scenario", "tp8-m1", "--family", "grouped_masked"], capsys, "--family", "indexed")
-    refused(["profile", "--scenario", "tp8-m1", "--iters", "0"], capsys, "--iters", "positive")
+def test_capture_scenario_and_family_and_iters(nothing_runs, capsys):
+    refused(["capture", "--scenario", "nope"], capsys, "--scenario 'nope'", SUITE_IDS[-1])
+    refused(["capture", "--scenario", "tp8-m1", "--family", "grouped_masked"], capsys, "--family", "indexed")
+    refused(["capture", "--scenario", "tp8-m1", "--iters", "0"], capsys, "--iters", "positive")
 
 
 def test_bench_check_rows(nothing_runs, capsys):
@@ -185,7 +186,7 @@ def test_bench_check_rows(nothing_runs, capsys):
 
 def test_valid_arguments_reach_the_command(capsys, monkeypatch, tmp_path):
     """The checks let good values through, resolved: the default profile and policy's name."""
-    from chord.bench import runner
+    from chord.lab.bench import runner
 
     from chord.selection import current_policy, parse_policy
 
@@ -222,4 +223,4 @@ def test_every_subcommand_has_a_summary_a_description_and_shows_defaults(capsys)
             if a.option_strings and a.default not in (None, False) and a.dest != "help":
                 assert "default" in formatter._get_help_string(a).lower(), (name, a.dest)
         has_options = any(a.option_strings and a.dest != "help" for a in p._actions)
-        assert "(default: " in p.format_help() or not has_options, name
+        assert "(default: " in " ".join(p.format_help().split()) or not has_options, name  # wrapped anywhere

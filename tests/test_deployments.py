@@ -4,8 +4,9 @@ import logging
 
 import pytest
 
-from chord import cost, deployments as D, tune
-from chord.bench.suite import load_suite, shape_suite
+from chord import cost, deployments as D
+from chord.lab import tune
+from chord.lab.bench.suite import load_suite, shape_suite
 from chord.schedule import Problem, Schedule, explain, load_profile, profile_for, select
 
 
@@ -120,7 +121,7 @@ def test_profile_files_refuse_bad_deployment_metadata(tmp_path, monkeypatch):
 def test_shape_suite_and_tune_selection_arguments():
     import argparse
 
-    from chord.cli import tune_selection
+    from chord.lab.cli import tune_selection
 
     s = shape_suite("EP16", 16, 3072, 4096, 4096, 1536, tok_e=[64, 1, 32])
     assert [x.id for x in s.scenarios] == ["ep16-decode-tok1", "ep16-decode-tok32", "ep16-prefill-tok64"]
@@ -309,7 +310,7 @@ def test_a_deployment_tuned_for_one_role_serves_every_role(tmp_path, monkeypatch
 def test_tune_refuses_a_layer_shape_it_cannot_pack_or_that_is_not_a_gated_moe():
     import argparse
 
-    from chord.cli import tune_selection
+    from chord.lab.cli import tune_selection
 
     base = dict(experts=16, n_gate_up=3072, k_gate_up=4096, n_down=4096, k_down=1536, tok_e="4", tokens=None,
                 top_k=8, deployment="X", suite=None, scenarios=None, families=None)

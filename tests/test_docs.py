@@ -83,11 +83,11 @@ def test_every_referenced_file_exists(path):
 
 
 def test_readme_headline_is_what_its_command_computes():
-    from chord.bench import headline
+    from chord.lab.bench import headline
 
     result, shown = headline.default_result()
     readme = (ROOT / "README.md").read_text()
-    assert headline.block(result, shown) in readme, "run: python -m chord.bench.headline --write README.md"
+    assert headline.block(result, shown) in readme, "run: python -m chord.lab.bench.headline --write README.md"
     assert shown.startswith("chord/data/results/") and (ROOT / shown).is_file()
 
 
@@ -95,7 +95,7 @@ def test_headline_numbers(tmp_path):
     """The geomean and the bands from the pivoted rows, and a run without Humming has none."""
     import json
 
-    from chord.bench import headline
+    from chord.lab.bench import headline
 
     result, shown = headline.default_result()
     cells = headline.speedups(result)

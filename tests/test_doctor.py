@@ -5,7 +5,8 @@ import io
 import pytest
 import torch
 
-from chord import cli, doctor
+from chord import cli
+from chord.lab import doctor
 
 
 @pytest.fixture
@@ -114,10 +115,10 @@ def test_a_gpu_that_is_not_sm90_fails_and_skips_the_forward(clean_env, monkeypat
 def test_a_wrong_forward_fails(clean_env, monkeypatch):
     """The reference path's answer is compared with float32 computed from the codes: a wrong GEMM
     (here every output row of the reference zeroed) is a FAIL."""
-    from humming import _chord
+    from humming import _reference
 
-    real = _chord.reference_contiguous
-    monkeypatch.setattr(_chord, "reference_contiguous", lambda *a: real(*a) * 0)
+    real = _reference.reference_contiguous
+    monkeypatch.setattr(_reference, "reference_contiguous", lambda *a: real(*a) * 0)
     rc, by, _ = run()
     assert rc == 1 and by["forward"][0] == "FAIL" and "relative error 1.0e+00" in by["forward"][1]
 

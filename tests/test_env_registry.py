@@ -182,7 +182,9 @@ def test_an_override_reaches_the_readers(monkeypatch):
 
 
 def test_no_code_exports_a_parameter():
-    """The old ways (chord bench --policy, tune.time_layouts, the device cache and host-time tools)
-    wrote os.environ; the AST check above covers them, this names them so a regression reads clearly."""
-    for rel in ("chord/cli.py", "chord/tune.py", "tools/device_cache.py", "tools/host_time.py"):
+    """The old ways (chord bench --policy, tune.time_layouts, the device cache and host-time tools,
+    now chord precompile --cache-dir and chord bench --host-time) wrote os.environ; the AST check
+    above covers them, this names them so a regression reads clearly."""
+    for rel in ("chord/cli.py", "chord/lab/cli.py", "chord/lab/tune.py", "chord/lab/precompile.py", "chord/lab/bench/host_time.py",
+                "tools/device_cache.py", "tools/host_time.py"):
         assert environ_uses(ROOT / rel) == [], rel

@@ -59,9 +59,9 @@ def test_illegal_ctas_per_sm_is_refused_before_the_register_budget():
 
 
 def test_schedule_facade_re_exports_the_split_modules():
-    from chord import knobs, profiles, schedule, selection
+    from chord import deployments, knobs, profiles, schedule, selection
 
-    homes = (knobs, profiles, selection)
+    homes = (knobs, profiles, selection, deployments)
     for name in schedule.__all__:
         obj = getattr(schedule, name)
         assert any(getattr(m, name, None) is obj for m in homes), name
@@ -76,7 +76,7 @@ def test_importing_the_schedule_modules_stays_light():
             "print(' '.join(sorted(m for m in sys.modules if m.startswith(('chord', 'torch', 'humming')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert not [m for m in out if m.startswith(("torch", "humming"))], out
-    assert set(out) <= {"chord", "chord._env", "chord._resources", "chord.knobs", "chord.profiles",
+    assert set(out) <= {"chord", "chord._env", "chord._moved", "chord._resources", "chord.knobs", "chord.profiles",
                         "chord.selection", "chord.schedule", "chord.deployments", "chord.cost"}, out
 
 

@@ -1,9 +1,10 @@
-"""chord.limits / `chord limits` host logic: the ncu raw-page parser, the per-kernel reduction, the
+"""chord.lab.limits / `chord limits` host logic: the ncu raw-page parser, the per-kernel reduction, the
 manifest pairing and the refusals (the ncu run itself is on the H200)."""
 
 import pytest
 
-from chord import cli, limits
+from chord import cli
+from chord.lab import limits
 
 HEAD = ["ID", "Process ID", "Kernel Name", "gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
         "dram__bytes_read.sum", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_bytes.sum",

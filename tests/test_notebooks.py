@@ -1,10 +1,12 @@
 """Every notebook (jupytext percent source notebooks/NN_*.py) runs top to bottom without a GPU,
 in a real Jupyter kernel, with QUICK parameters; each ends with a cell asserting an invariant."""
+import os
 from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.py"))
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.py"))
 
 
 def test_there_are_notebooks():
@@ -12,7 +14,7 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path, tmp_path, monkeypatch):
     import jupytext
     from nbclient import NotebookClient
 
@@ -20,6 +22,8 @@ def test_notebook_runs(path, tmp_path):
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert params and "QUICK = True" in params[0].source, "a parameters cell with QUICK first"
     assert "assert" in nb.cells[-1].source, "the last cell asserts an invariant"
+    # the kernel imports this checkout's chord, whatever install the environment has (as the browser test's)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     outputs = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
                       for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))

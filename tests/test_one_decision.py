@@ -3,7 +3,7 @@
 vLLM path (`humming.tune` tuning rows looked up with `valid_shape_m` = the routed rows)."""
 import pytest
 
-from chord.bench.suite import load_suite
+from chord.lab.bench.suite import load_suite
 from chord.schedule import Problem, load_profile, profile_for, select
 
 POINTS = [(sc, fam, gemm) for sc in load_suite().scenarios for fam in sc.families for gemm in ("gate_up", "down")]

@@ -23,12 +23,12 @@ def test_no_raw_results_inside_the_package():
     if not tracked:  # not a git checkout: the folders instead
         tracked = [p.relative_to(ROOT).as_posix() for p in (ROOT / "chord").rglob("*") if p.is_file()]
     stray = [f for f in tracked if f.endswith((".json", ".csv", ".md", ".txt")) and
-             not f.startswith(("chord/data/", "chord/bench/suites/", "chord/bench/baselines/"))]
+             not f.startswith(("chord/data/", "chord/lab/bench/suites/", "chord/lab/bench/baselines/"))]
     assert not stray, f"data files in the package outside chord/data: {stray}"
 
 
 def test_the_workbench_reads_only_shipped_files():
-    from chord.workbench import data
+    from chord.lab.workbench import data
 
     assert data.RESULTS_DIR == ROOT / "chord" / "data" / "results"
     assert data.DATA_DIR == ROOT / "chord" / "data" / "notebooks"

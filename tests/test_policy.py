@@ -2,7 +2,7 @@
 decision whoever calls, and each heuristic rule switched off on its own."""
 import pytest
 
-from chord.bench.suite import load_suite
+from chord.lab.bench.suite import load_suite
 from chord.schedule import (POLICY_RULES, Policy, Problem, Schedule, current_policy, explain, parse_policy,
                             profile_for, schedule_table, select)
 

@@ -1,10 +1,10 @@
-"""chord.bench.read_probe on the host: configurations, the rendered kernel, the expected sink
+"""chord.lab.bench.read_probe on the host: configurations, the rendered kernel, the expected sink
 (against a direct emulation of what each thread XORs), and every sweep kernel built (nvcc is a
 dependency of the JIT: without it this fails, naming it)."""
 import pytest
 import torch
 
-from chord.bench import read_probe as RP
+from chord.lab.bench import read_probe as RP
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -604,7 +604,7 @@ def test_activation_expressions_at_the_bounds_still_evaluate():
 
 @pytest.mark.parametrize("text, word", [("{scenarios: [", "not valid JSON"), ("[1, 2]", "must be a JSON object")])
 def test_a_malformed_suite_file_is_named(tmp_path, text, word):
-    from chord.bench.suite import load_suite
+    from chord.lab.bench.suite import load_suite
 
     path = tmp_path / "suite.json"
     path.write_text(text)

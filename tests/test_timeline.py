@@ -1,8 +1,8 @@
-"""The capture timeline (chord.timeline) and the nsys table parsing of chord.capture, on CPU from
+"""The capture timeline (chord.lab.timeline) and the nsys table parsing of chord.lab.capture, on CPU from
 synthetic trace files in the formats torch.profiler and `nsys stats --format csv` write."""
 import json
 
-from chord import capture, timeline
+from chord.lab import capture, timeline
 
 RANGE = "chord/gemm_indexed[idx-m8n256k64-w4-s8-c1]"
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from chord import tune
+from chord.lab import tune
 from chord.schedule import Problem, Schedule, load_profile_file, select
 
 
@@ -48,7 +48,7 @@ def test_pair_and_tma_candidates():
 
 
 def test_tune_schedules_cover_defaults_and_candidates():
-    from chord.bench.suite import load_suite
+    from chord.lab.bench.suite import load_suite
 
     scheds = tune.tune_schedules(scenario_ids="ep8-prefill-tok128")
     assert len({s.id for s in scheds}) == len(scheds)
@@ -99,7 +99,7 @@ def test_committed_profile_is_loadable_and_complete():
 
 
 def test_pick_best_prefers_the_larger_token_tile_within_the_tie_tolerance():
-    from chord.tune import TIE_TOL, pick_best
+    from chord.lab.tune import TIE_TOL, pick_best
 
     a, b = "idx-m128n128k64-w8-s4-c2-wgmma-r8", "idx-m256n128k64-w8-s4-c1-wgmma"
     assert pick_best({a: 100.0, b: 100.0 * (1 + TIE_TOL / 2)}) == b
@@ -127,7 +127,7 @@ def test_short_k_candidates_walk_several_n_blocks():
 
 def test_time_layouts_refuses_bad_points_before_any_work():
     """Names and counts are checked before weights are packed (no GPU needed to get the error)."""
-    from chord.tune import LAYOUT_GEMMS, time_layouts
+    from chord.lab.tune import LAYOUT_GEMMS, time_layouts
 
     with pytest.raises(ValueError, match="gemm must be 'gate_up' or 'down', got 'gateup'"):
         time_layouts([("tp8-m64", "indexed", "gateup")])
@@ -142,7 +142,7 @@ def test_time_layouts_refuses_bad_points_before_any_work():
 
 
 def test_host_time_refuses_a_bad_call_count():
-    from chord.bench.timing import host_time
+    from chord.lab.bench.timing import host_time
 
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="^host_time: calls must be an int >= 1"):
@@ -150,7 +150,7 @@ def test_host_time_refuses_a_bad_call_count():
 
 
 def test_timing_arguments_are_checked_before_any_gpu_work():
-    from chord.tune import WARMUP_MS, time_schedules, tune_suite
+    from chord.lab.tune import WARMUP_MS, time_schedules, tune_suite
 
     assert WARMUP_MS >= 50  # long enough for a compute-bound GEMM to leave its cold clock
     with pytest.raises(ValueError, match="time_schedules: warmup_ms must be a non-negative number"):

@@ -1,9 +1,9 @@
-"""chord.workbench without a GPU: decision rows, figures from rows and results, the tok_e widget."""
+"""chord.lab.workbench without a GPU: decision rows, figures from rows and results, the tok_e widget."""
 import pytest
 
 from chord.schedule import Problem, profile_for, select
-from chord.workbench import decision_row, gpu_available, recorded_results, sweep_tok_e, where_results_come_from
-from chord.workbench import figures as F
+from chord.lab.workbench import decision_row, gpu_available, recorded_results, sweep_tok_e, where_results_come_from
+from chord.lab.workbench import figures as F
 
 GRID = (1, 4, 12, 32, 64, 128, 512)
 
@@ -64,7 +64,7 @@ def test_gpu_predicate_is_false_here():
 
 
 def test_tok_e_explorer_updates_decision_and_figure():
-    from chord.workbench.widgets import tok_e_explorer
+    from chord.lab.workbench.widgets import tok_e_explorer
 
     box, st = tok_e_explorer("ep8", "indexed", "gate_up", 64)
     before_html, before_x = st.html.value, tuple(st.figure.data[-1].x)
@@ -75,7 +75,7 @@ def test_tok_e_explorer_updates_decision_and_figure():
 
 
 def test_recorded_tuning_and_best_by():
-    from chord.workbench import best_by, recorded_tuning
+    from chord.lab.workbench import best_by, recorded_tuning
 
     pts = recorded_tuning()
     assert pts and all("timings" in p for p in pts)
@@ -91,7 +91,7 @@ def test_recorded_tuning_and_best_by():
 
 
 def test_time_schedules_checks_its_arguments():
-    from chord import tune
+    from chord.lab import tune
 
     with pytest.raises(ValueError, match="at least one"):
         tune.time_schedules("ep8-prefill-tok64", "indexed", "gate_up", [])
@@ -102,7 +102,7 @@ def test_time_schedules_checks_its_arguments():
 
 
 def test_tile_count_and_waves():
-    from chord.workbench.explore import tile_count, waves
+    from chord.lab.workbench.explore import tile_count, waves
 
     assert tile_count(48, 512, 128, 4096, 256) == 48 * 4 * 16
     assert tile_count(48, 0, 128, 4096, 256) == 0
@@ -114,8 +114,8 @@ def test_tile_count_and_waves():
 # ---- measured ablations, notebook tables, the live comparison (CPU parts) -------------------
 
 def test_ablation_variants_and_measure(monkeypatch):
-    from chord import tune
-    from chord.workbench import ablate
+    from chord.lab import tune
+    from chord.lab.workbench import ablate
 
     points = [("ep8-decode-tok1", "indexed", "gate_up"), ("tp8-m256", "indexed", "down")]
     variants = {"profile": ablate.policy("profile"), "heuristic": ablate.policy("heuristic"),
@@ -144,7 +144,7 @@ def test_ablation_variants_and_measure(monkeypatch):
 
 
 def test_notebook_tables_round_trip(tmp_path, monkeypatch):
-    from chord.workbench import data
+    from chord.lab.workbench import data
 
     rows = [{"scenario": "x", "us": 12.5, "same": True, "n": 3, "schedule": "idx-m8n128k64-w4-s8-c1"},
             {"scenario": "y", "us": 7.0, "same": False, "n": 4, "schedule": None}]
@@ -164,7 +164,7 @@ def test_notebook_tables_round_trip(tmp_path, monkeypatch):
 
 
 def test_comparison_without_a_gpu_is_the_recorded_cell():
-    from chord.workbench import compare
+    from chord.lab.workbench import compare
 
     result, where = compare.compare("ep8-decode-tok4", "grouped_masked")
     assert "recorded" in where and result["rows"]
@@ -178,7 +178,7 @@ def test_comparison_without_a_gpu_is_the_recorded_cell():
 
 
 def test_ablation_variants_refuse_bad_names_at_once():
-    from chord.workbench import ablate
+    from chord.lab.workbench import ablate
 
     with pytest.raises(ValueError, match="ablate.knob_off: name must be an implemented knob"):
         ablate.knob_off("no such optimization")
@@ -192,7 +192,7 @@ def test_ablation_variants_refuse_bad_names_at_once():
 
 def test_rule_variants_are_heuristic_rule_off_and_profile():
     from chord.schedule import Problem, select
-    from chord.workbench import ablate
+    from chord.lab.workbench import ablate
 
     labels, variants = ablate.rule_variants("touched_estimate", "balanced")
     assert labels == ["heuristic", "balanced", "profile"] and list(variants) == labels
@@ -205,7 +205,7 @@ def test_rule_variants_are_heuristic_rule_off_and_profile():
 
 def test_ablate_refuses_a_mistyped_gemm_or_family():
     """A gemm name other than gate_up/down used to be taken as down, silently."""
-    from chord.workbench import ablate
+    from chord.lab.workbench import ablate
 
     with pytest.raises(ValueError, match="gemm must be 'gate_up' or 'down', got 'gateup'"):
         ablate.schedules([("tp8-m64", "indexed", "gateup")], {"profile": ablate.policy("profile")})
@@ -216,7 +216,7 @@ def test_ablate_refuses_a_mistyped_gemm_or_family():
 def test_recorded_ablation_names_rows_measured_with_other_decisions(tmp_path, monkeypatch, capsys):
     """A committed table measured before a rule or the profile changed is shown, labelled stale
     row by row; one that matches today's decisions is not."""
-    from chord.workbench import ablate, data
+    from chord.lab.workbench import ablate, data
 
     points = [("tp8-m1024", "indexed", "gate_up")]
     labels, variants = ablate.rule_variants("wide_warp_tiles", "wide tiles off")
@@ -239,7 +239,7 @@ def test_recorded_ablation_names_rows_measured_with_other_decisions(tmp_path, mo
 
 def test_recorded_timing_and_knob_pairs():
     """The committed A/B files read as rows with their run, and pair by one knob within a run."""
-    from chord.workbench import knob_pairs, recorded_timing
+    from chord.lab.workbench import knob_pairs, recorded_timing
 
     rows = recorded_timing("2026-12-01-h200-timing-6d111f6-epilogue-tiles")
     assert rows and all({"run", "file", "schedule", "us"} <= set(r) for r in rows)
@@ -257,7 +257,7 @@ def test_recorded_timing_and_knob_pairs():
 # ---- pair ablations (notebook 06: programmatic dependent launch)
 
 def test_pair_schedules_set_the_variant_knobs_on_both_gemms():
-    from chord.workbench import ablate
+    from chord.lab.workbench import ablate
 
     rows = ablate.pair_schedules([("tp8-m1", "indexed")], {"profile": {}, "pdl on": {"pdl": 1}})
     base, on = rows
@@ -268,7 +268,7 @@ def test_pair_schedules_set_the_variant_knobs_on_both_gemms():
 
 
 def test_pair_ablation_without_gpu_or_table_says_it_was_not_measured(monkeypatch):
-    from chord.workbench import ablate, data
+    from chord.lab.workbench import ablate, data
 
     monkeypatch.setattr(data, "gpu_available", lambda: False)
     rows, where = ablate.pair_ablation("no_such_table", [("tp8-m1", "indexed")], {"profile": {}}, "x")
@@ -276,7 +276,7 @@ def test_pair_ablation_without_gpu_or_table_says_it_was_not_measured(monkeypatch
 
 
 def test_pair_table_relative_times_and_bit_flags():
-    from chord.workbench import ablate
+    from chord.lab.workbench import ablate
 
     rows = [{"scenario": "tp8-m1", "family": "indexed", "variant": "profile", "graph_us": 20.0, "eager_us": 30.0,
              "same_bits_as_first": True},
@@ -293,7 +293,7 @@ LONG_ID = "gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2"
 
 
 def test_tables_never_cut_a_value_and_do_not_wrap_in_html(capsys):
-    from chord.workbench import tables
+    from chord.lab.workbench import tables
 
     header, body = tables.rows_table([{"scenario": "ep8-prefill-tok512", "family": "grouped_contiguous",
                                        "schedule": LONG_ID, "us": 3216.71}])
@@ -307,7 +307,7 @@ def test_tables_never_cut_a_value_and_do_not_wrap_in_html(capsys):
 
 
 def test_ablation_table_keeps_ids_and_labels_whole():
-    from chord.workbench import ablate
+    from chord.lab.workbench import ablate
 
     rows = [{"scenario": "ep8-prefill-tok512", "family": "grouped_contiguous", "gemm": "gate_up", "variant": v,
              "schedule": LONG_ID + ("" if v == "profile" else "-x"), "us": us}
@@ -318,7 +318,7 @@ def test_ablation_table_keeps_ids_and_labels_whole():
 
 
 def test_humming_line_says_live_only_of_live_data():
-    from chord.bench import report
+    from chord.lab.bench import report
 
     live = {"meta": {"humming": {"live": True}}}
     recorded = {"meta": {"humming": {"live": True}, "file": "x.json"}}
@@ -329,7 +329,7 @@ def test_humming_line_says_live_only_of_live_data():
 
 
 def test_a_recorded_capture_says_when_and_what_and_is_flagged_when_today_differs(monkeypatch):
-    from chord.workbench import captures
+    from chord.lab.workbench import captures
 
     cap, where = captures.capture_or_recorded("ep8-prefill-tok128", "indexed")
     assert cap["recorded"]["commit"] in where and cap["recorded"]["date"] in where
@@ -346,7 +346,7 @@ def test_a_recorded_capture_says_when_and_what_and_is_flagged_when_today_differs
 
 
 def test_the_comparison_cell_does_not_repeat_the_suite_provenance_line(capsys):
-    from chord.workbench import compare, where_results_come_from, recorded_results
+    from chord.lab.workbench import compare, where_results_come_from, recorded_results
 
     compare.show_comparison("tp8-m1", "indexed")
     out = capsys.readouterr().out
@@ -355,7 +355,7 @@ def test_the_comparison_cell_does_not_repeat_the_suite_provenance_line(capsys):
 
 
 def test_a_recorded_bench_table_says_whether_its_schedules_are_todays(capsys):
-    from chord.workbench import recorded_results, tables
+    from chord.lab.workbench import recorded_results, tables
 
     rec = recorded_results()
     assert tables.decisions_since(dict(rec, meta={k: v for k, v in rec["meta"].items() if k != "file"})) == []

@@ -1,48 +1,42 @@
-"""The weight layout's ablation: tile-grouped `swap16g` (G = 8) against tile-major (G = 1).
+"""The weight layout's ablation, tile-grouped `swap16g` (G = 8) against tile-major (G = 1):
+`chord bench --layout-ablation` (this script forwards to it).
 
     python tools/layout_ablation.py [--rep-ms 30] [--repeats 2] [--out layout.json]
 
-`chord.tune.time_layouts`: for each GEMM of `chord.tune.LAYOUT_GEMMS`, the profile's schedule
-timed on weights packed as always (G = 8) and packed with CHORD_TILE_GROUP=1 (the tile-major
-order of the first layout: each 16-row tile's K blocks contiguous, a stage's pieces K/64 x 512
-bytes apart); chord.ops runs the kernel built for each one's G. Only where the bytes come from
-changes, not which MMAs run in which order, so the two outputs must be bit-identical; the script
-exits 1 if they are not (the G = 8 kernels themselves are checked against the float32 reference
-by the GPU tests and by every `chord bench` row). Notebook 03 shows the same table. Needs an
-sm_90 GPU.
+runs `chord bench --layout-ablation [--rep-ms 30] [--repeats 2]` (chord.lab.bench.layout_ablation)
+and, with --out, writes its rows to that file. Exits 1 if a G = 1 output differs from the G = 8
+one. Needs an sm_90 GPU.
 """
 import argparse
-import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rep-ms", type=float, default=30.0)
-    ap.add_argument("--repeats", type=int, default=2)
+def translate(argv=None) -> tuple[list[str], str | None]:
+    """(`chord`'s command line, the --out file to copy layout.json to)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rep-ms", default=None)
+    ap.add_argument("--repeats", default=None)
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    out = ["bench", "--layout-ablation"]
+    for flag, value in (("--rep-ms", a.rep_ms), ("--repeats", a.repeats)):
+        out += [flag, value] if value is not None else []
+    return out, a.out
 
-    import torch
 
-    from chord.tune import LAYOUT_GEMMS, time_layouts
+def main(argv=None) -> int:
+    from chord.cli import main as chord
 
-    rows = time_layouts(LAYOUT_GEMMS, rep_ms=a.rep_ms, repeats=a.repeats)
-    for r in rows:
-        print(f"rep{r['repeat']} {r['scenario']:20s} {r['family']:19s} {r['gemm']:8s} {r['schedule']:40s} "
-              f"G={r['tile_group']} {r['us']:9.1f} us" + ("" if r["same_bits"] else "  OUTPUT DIFFERS FROM G=8"))
-    print("\nGEMM                                            G=8 us   G=1 us   G=1 / G=8  (per repeat)")
-    for scenario, family, gemm in LAYOUT_GEMMS:
-        def times(g):
-            return [r["us"] for r in rows if (r["scenario"], r["family"], r["gemm"], r["tile_group"]) ==
-                    (scenario, family, gemm, g)]
-        t8, t1 = times(8), times(1)
-        print(f"{scenario + ' ' + family + ' ' + gemm:46s} " + "  ".join(
-            f"{x8:8.1f} {x1:8.1f} {x1 / x8:6.3f}" for x8, x1 in zip(t8, t1)))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    raise SystemExit(0 if rows and all(r["same_bits"] for r in rows) else 1)
+    args, out_file = translate(argv)
+    with tempfile.TemporaryDirectory(prefix="chord-layout-") as tmp:
+        rc = chord([*args, "--out", tmp])
+        if out_file and (Path(tmp) / "layout.json").exists():
+            shutil.copyfile(Path(tmp) / "layout.json", out_file)
+    return rc
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

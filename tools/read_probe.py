@@ -1,10 +1,10 @@
-"""The streaming-read probe's sweep (chord.bench.read_probe): HBM read rate per copy path, ring
+"""The streaming-read probe's sweep (chord.lab.bench.read_probe): HBM read rate per copy path, ring
 depth and step size, next to the copy ceiling the bench's floors use, on this GPU.
 
     python tools/read_probe.py [--total-mb 1536] [--rep-ms 200] [--out probe.json]
 
 Each configuration is checked (the sink against the host's XOR of the addressed bytes) before it
-is timed; prints one line per configuration and the copy ceiling (chord.bench.ceilings) last.
+is timed; prints one line per configuration and the copy ceiling (chord.lab.bench.ceilings) last.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("read_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from chord.bench import ceilings
-    from chord.bench import read_probe as RP
+    from chord.lab.bench import ceilings
+    from chord.lab.bench import read_probe as RP
 
     total = a.total_mb << 20
     src = torch.randint(-2**31, 2**31 - 1, (total // 4,), dtype=torch.int32, device="cuda").view(torch.uint8)

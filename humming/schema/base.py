@@ -9,6 +9,11 @@ then repacks into Chord's kernel layout.
 
 Schemes Chord does not serve subclass :class:`RefusedSchema`: their names import (vLLM imports
 them), and creating one raises :class:`humming.errors.ChordUnsupportedError` naming the scheme.
+
+This module knows no subclass: the package (``humming/schema/__init__.py``, which Python runs
+before any of its modules) fills ``WEIGHT_SCHEMA_MAP`` / ``INPUT_SCHEMA_MAP`` once its subclass
+modules are imported, and ``from_config`` looks the method up there. The conversions return
+the native schemas of :mod:`humming.schema.humming` (annotated here by their base class).
 """
 from __future__ import annotations
 
@@ -19,8 +24,6 @@ from humming.errors import OTHER_BACKEND_HINT, ChordUnsupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-    from humming.schema.humming import HummingInputSchema, HummingWeightSchema
 
 
 def _round_up(x: int, m: int) -> int:
@@ -69,9 +72,7 @@ class BaseWeightSchema:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "BaseWeightSchema":
-        if cls is BaseWeightSchema:
-            import humming.schema  # noqa: F401  (fills WEIGHT_SCHEMA_MAP)
-
+        if cls is BaseWeightSchema:  # the map is filled by the package humming.schema
             method = config.get("quant_method")
             schema_cls = cls.WEIGHT_SCHEMA_MAP.get(method)
             if schema_cls is None:
@@ -117,7 +118,7 @@ class BaseWeightSchema:
         raise NotImplementedError
 
     # --- conversion ----------------------------------------------------------------------------
-    def to_humming_schema(self, param_dtype: "torch.dtype") -> "HummingWeightSchema":
+    def to_humming_schema(self, param_dtype: "torch.dtype") -> "BaseWeightSchema":
         raise NotImplementedError
 
     def process_loaded_weight(self, tensor: "torch.Tensor", name: str) -> "torch.Tensor":
@@ -126,7 +127,7 @@ class BaseWeightSchema:
     def convert_humming(self, tensors: dict[str, "torch.Tensor"], shape_n_stacks: list[int],
                         shape_k_stacks: list[int], param_dtype: "torch.dtype", num_experts: int | None = None,
                         device: Any = None, convert_symmetric_integer: bool = True,
-                        allow_inplace: bool = False) -> tuple["HummingWeightSchema", dict[str, "torch.Tensor"]]:
+                        allow_inplace: bool = False) -> tuple["BaseWeightSchema", dict[str, "torch.Tensor"]]:
         """Checkpoint tensors -> (native Humming uint4 schema, its tensors). No copy of the weight."""
         return self._convert_humming(dict(tensors), list(shape_n_stacks), list(shape_k_stacks), param_dtype,
                                      num_experts)
@@ -146,9 +147,7 @@ class BaseInputSchema:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "BaseInputSchema":
-        if cls is BaseInputSchema:
-            import humming.schema  # noqa: F401  (fills INPUT_SCHEMA_MAP)
-
+        if cls is BaseInputSchema:  # the map is filled by the package humming.schema
             method = config.get("quant_method")
             schema_cls = cls.INPUT_SCHEMA_MAP.get(method)
             if schema_cls is None:
@@ -167,13 +166,13 @@ class BaseInputSchema:
     def static_tensor_scale_name(self) -> str | None:
         return None
 
-    def to_humming_schema(self, param_dtype: "torch.dtype") -> "HummingInputSchema":
+    def to_humming_schema(self, param_dtype: "torch.dtype") -> "BaseInputSchema":
         raise NotImplementedError
 
     def convert_humming(self, tensors: dict[str, "torch.Tensor"], shape_n_stacks: list[int],
                         shape_k_stacks: list[int], param_dtype: "torch.dtype", num_experts: int | None = None,
                         device: Any = None,
-                        allow_inplace: bool = False) -> tuple["HummingInputSchema", dict[str, "torch.Tensor"]]:
+                        allow_inplace: bool = False) -> tuple["BaseInputSchema", dict[str, "torch.Tensor"]]:
         return self.to_humming_schema(param_dtype), {}
 
 

@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 
-from chord import doctor
+from chord.lab import doctor
 
 pytestmark = pytest.mark.gpu
 

@@ -3,7 +3,7 @@ matches the host's XOR) and streams at a plausible HBM rate."""
 import pytest
 import torch
 
-from chord.bench import read_probe as RP
+from chord.lab.bench import read_probe as RP
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from chord import formats, ops, reference, routing
-from chord.bench.timing import capture_graph
+from chord.lab.bench.timing import capture_graph
 from chord.schedule import Schedule
 from chord.testing import (BF16_TOL, cached_random_experts, check_rows, poisoned, profile_rule_schedules, rel_err,
                            same_bits)
