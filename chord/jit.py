@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from chord import _env
 from chord._env import TILE_GROUPS, flag
 from chord._resources import csrc_dir
-from chord.launch import GEMM_PARAMS, gemm_params_offsets, pack_gemm_params  # noqa: F401 (re-exported)
+from chord.params import GEMM_PARAMS, gemm_params_offsets, pack_gemm_params  # noqa: F401 (re-exported)
 from chord.schedule import MAX_SMEM_PER_CTA
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -10,7 +10,7 @@ workspaces, the sm_90 check) are stubbed. Each call is traced with ``sys.setprof
 
 * module stack: the Python frames of ``chord`` and ``humming`` modules, as a stack of modules
   (consecutive frames of one module are one entry). Value helpers every step reads are left out:
-  ``chord.knobs`` (Schedule's properties), ``chord.formats``, ``chord.checks`` (the check helpers
+  ``chord.knobs`` (Schedule's properties), ``chord.params`` (the GemmParams packing), ``chord.formats``, ``chord.checks`` (the check helpers
   humming's and chord's argument checks share), ``chord.profiling``, ``chord._env``,
   ``humming.config`` and ``humming.errors``;
 * lookups: the layer decision memo (``humming.forward._DECISIONS.get``) and the launch plans
@@ -32,7 +32,7 @@ from chord.schedule import Schedule
 BF16 = torch.bfloat16
 SCON = Schedule("grouped_contiguous", 16, 128, 4, 4, 1).id
 TRACKED = ("chord", "humming")
-VALUES = {"chord.knobs", "chord.formats", "chord.checks", "chord.profiling", "chord._env", "humming.config",
+VALUES = {"chord.knobs", "chord.params", "chord.formats", "chord.checks", "chord.profiling", "chord._env", "humming.config",
           "humming.errors"}
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *([ctypes.c_uint] * 7), ctypes.c_void_p,
                           ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p))

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the kernel library: what serving imports (chord.ops, the humming root) and what it needs
 CORE = {
     "chord", "chord._env", "chord._moved", "chord._resources", "chord.checks", "chord.cost", "chord.deployments",
-    "chord.formats", "chord.jit", "chord.knobs", "chord.launch", "chord.ops", "chord.optimizations", "chord.profiles",
+    "chord.formats", "chord.jit", "chord.knobs", "chord.launch", "chord.ops", "chord.optimizations", "chord.params",
+    "chord.profiles",
     "chord.profiling", "chord.reference", "chord.routing", "chord.schedule", "chord.selection", "chord.testing",
 }
 #: the lab: the subpackage that measures, tunes, shows and reports on the core, and the command line
