@@ -336,6 +336,7 @@ def test_runner_launches_humming_with_upstream_first(tmp_path):
 
 class _FakeConfig:
     b_dtype = "uint4"
+    input_quant_mode = types.SimpleNamespace(should_quantize=False)
 
     def to_str(self):
         return "{}"
@@ -387,7 +388,7 @@ def test_humming_baseline_flow_on_a_fake(tmp_path, monkeypatch):
                             "families": list(s.families)} for s in scen]}
     (tmp_path / "suite.json").write_text(json.dumps(suite))
     args = W.parse_args(["--humming-dir", "/x", "--suite", str(tmp_path / "suite.json"), "--json-out",
-                          str(tmp_path / "h.json"), "--device", "cpu", "--tuning-rows", "matching"])
+                          str(tmp_path / "h.json"), "--device", "cpu", "--tuning-rows", "matching", "--chain"])
     out = W.run(args)
     rows = json.loads((tmp_path / "h.json").read_text())["rows"]
     assert rows == json.loads(json.dumps(out["rows"], default=str))
@@ -397,6 +398,28 @@ def test_humming_baseline_flow_on_a_fake(tmp_path, monkeypatch):
     assert all(r["check"] == "pass" and r["provider"] == "humming-0.1.20" for r in rows)
     bm = {r["scenario"]: r["block_m"] for r in rows if r["family"] == "indexed" and r["metric"] == "time_us"}
     assert bm == {"cpu-ep8-decode-tok2": [8, 8], "cpu-ep8-prefill-tok24": [32, 16]}
+    # the chain (gate_up, the root's SiLU and mul, down on its output): timed and its activation checked
+    chain = {(r["scenario"], r["family"]) for r in rows if r["metric"] == "chain_us"}
+    assert chain == got
+    errs = [r["p50"] for r in rows if r["metric"] == "rel_err_act"]
+    assert len(errs) == len(got) and max(errs) < 1e-2, errs
+
+
+def test_chain_table_reports_both_libraries_and_the_time_outside_the_gemms():
+    from chord.lab.bench.report import chain_table, terminal_table
+
+    base = {"scenario": "tp8-m1", "family": "indexed", "deployment": "TP8"}
+    rows = [dict(base, provider="chord", metric="time_us", p50=20.0),
+            dict(base, provider="humming", metric="time_us", p50=24.0),
+            dict(base, provider="chord", metric="chain_us", p50=23.0),
+            dict(base, provider="humming", metric="chain_us", p50=27.6),
+            dict(base, provider="chord", metric="rel_err_act", p50=1e-3)]
+    result = {"meta": {"humming": {"live": True}}, "rows": rows}
+    table = chain_table(result)
+    line = table.splitlines()[2].split()
+    assert line[:7] == ["tp8-m1", "indexed", "23.0", "3.0", "27.6", "3.6", "1.20"], line
+    assert "SiLU and mul" in terminal_table(result)
+    assert chain_table({"meta": {}, "rows": rows[:2]}) == ""
 
 
 def test_matching_rows_pick_the_same_rows_as_the_whole_table():

@@ -86,6 +86,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--humming-tuning-rows", choices=("all", "matching"), default="all",
                    help="give Humming vLLM's whole tuning table (all) or only the row it selects "
                         "(matching: same kernel, far less JIT time)")
+    p.add_argument("--no-chain", action="store_true",
+                   help="leave out the provider-owned chain (gate_up, SiLU and mul, down through each library's "
+                        "humming root, one CUDA graph: metric chain_us), timed by default beside gate_up + down")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="time eager calls instead of CUDA-graph replays (host/launch time then counts too)")
     p.add_argument("--policy", default=None,
@@ -244,7 +247,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     opts = runner.BenchOptions(suite=args.suite, scenarios=args.scenarios, families=args.families,
                                humming_dir=args.humming_dir, out_dir=args.out, quick=args.quick, seed=args.seed,
                                check_rows=args.check_rows, profile_file=args.profile, codes=args.codes,
-                               humming_tuning_rows=args.humming_tuning_rows, cuda_graph=not args.no_cuda_graph)
+                               humming_tuning_rows=args.humming_tuning_rows, cuda_graph=not args.no_cuda_graph,
+                               chain=not args.no_chain)
     # --policy (checked by _check_bench): every select() of the run sees it
     policy = _env.override(CHORD_POLICY=args.policy) if args.policy is not None else contextlib.nullcontext()
     try:

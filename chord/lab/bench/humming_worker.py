@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="time eager calls instead of a CUDA-graph replay (host time then counts)")
     p.add_argument("--also-eager", action="store_true", help="also record eager w13+w2 time (metric time_us_eager)")
+    p.add_argument("--chain", action="store_true",
+                   help="also time the provider-owned chain w13, SiLU and mul (may_process_input), w2 as one graph "
+                        "(metric chain_us; the activation checked against torch: rel_err_act)")
     p.add_argument("--host-time", action="store_true",
                    help="also record the host time of one humming_forward call (metrics host_us_gate_up / host_us_down: "
                         "the median as p50, the 90th percentile as p90)")
@@ -259,6 +262,16 @@ def run(args: argparse.Namespace) -> dict:
                             out["rows"].append(_row(sc, fam, name, ts.p20, ts.p50, ts.p80, "us", base,
                                                     timing=ts.method))
                             msg += f"  {name[:-3]} {ts.p50:.1f}"
+                    if args.chain:  # the provider-owned chain: gate_up, SiLU and mul, down (one graph)
+                        chain, check = VS.prepare_chain(fam, sc, data, fi, w13, w2, locks, args.tuning_rows)
+                        chain()
+                        sync()
+                        e_act = check()
+                        out["rows"].append(_row(sc, fam, "rel_err_act", e_act, e_act, e_act, "1", base))
+                        tc = timing.bench(chain, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, graph=graph)
+                        out["rows"].append(_row(sc, fam, "chain_us", tc.p20, tc.p50, tc.p80, "us", base,
+                                                timing=tc.method))
+                        msg += f"  chain {tc.p50:.1f} (act err {e_act:.1e})"
                     if args.also_eager:
                         te = timing.bench(both, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
                         out["rows"].append(_row(sc, fam, "time_us_eager", te.p20, te.p50, te.p80, "us", base,

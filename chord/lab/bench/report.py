@@ -43,6 +43,10 @@ def pivot(result: dict) -> list[dict]:
             c.setdefault("floor_committed_us" if side == "humming_committed" else "floor_us", p50)
         elif metric == "error":
             c[f"{side}_error"] = r.get("error")
+        elif metric == "chain_us":
+            c[f"{side}_chain_us"] = p50
+        elif metric == "rel_err_act":
+            c[f"{side}_act_err"] = p50
         if side == "chord" and metric == "time_us":
             c["chord_schedule"] = r.get("schedule_gate_up")
             c["chord_schedule_down"] = r.get("schedule_down")
@@ -127,7 +131,38 @@ def terminal_table(result: dict) -> str:
     if summary:
         lines += ["", "geomean speed-up: " + "; ".join(
             f"{name} {g:.3f}x over {n} rows ({faster} faster)" for name, (g, n, faster) in summary.items())]
+    chain = chain_table(result)
+    if chain:
+        lines += ["", CHAIN_NOTE, "", chain]
     return "\n".join(lines)
+
+
+CHAIN_NOTE = ("the provider-owned chain, as vLLM 0.33 calls it through each library's humming root: gate_up, "
+              "SiLU and mul (may_process_input), down, one CUDA-graph replay (us); outside = chain - gate_up - down "
+              "timed together")
+CHAIN_COLUMNS = [("scenario", "scenario", "s"), ("family", "family", "s"), ("chord chain us", "chord_chain_us", ".1f"),
+                 ("chord outside us", "chord_outside", ".1f"), ("humming chain us", "humming_chain_us", ".1f"),
+                 ("hum outside us", "humming_outside", ".1f"), ("chain speed-up", "chain_speedup", ".2f"),
+                 ("act err chord / hum", "act_err", "s")]
+
+
+def chain_table(result: dict) -> str:
+    """The chain timings (metric chain_us) of both libraries, one line per (scenario, family) that has
+    one; empty when the run timed none."""
+    body = []
+    for c in pivot(result):
+        if c.get("chord_chain_us") is None and c.get("humming_chain_us") is None:
+            continue
+        c = dict(c)
+        for side in ("chord", "humming"):
+            if c.get(f"{side}_chain_us") is not None and c.get(f"{side}_us") is not None:
+                c[f"{side}_outside"] = c[f"{side}_chain_us"] - c[f"{side}_us"]
+        if c.get("chord_chain_us") and c.get("humming_chain_us"):
+            c["chain_speedup"] = c["humming_chain_us"] / c["chord_chain_us"]
+        c["act_err"] = f"{_fmt(c.get('chord_act_err'), '.1e')} / {_fmt(c.get('humming_act_err'), '.1e')}"
+        body.append([("-" if c.get(k) is None else str(c.get(k))) if spec == "s" else _fmt(c.get(k), spec)
+                     for _, k, spec in CHAIN_COLUMNS])
+    return _render([name for name, _, _ in CHAIN_COLUMNS], body) if body else ""
 
 
 def speedup_summary(result: dict) -> dict:

@@ -66,6 +66,7 @@ class BenchOptions:
     humming_tuning_rows: str = "all"
     baseline_file: str = str(DEFAULT_BASELINE)
     cuda_graph: bool = True
+    chain: bool = True  # also time the provider-owned chain (vllm_sequence.prepare_chain) of both libraries
 
     @property
     def warmup_ms(self) -> float:
@@ -293,6 +294,7 @@ def run_chord_gpu(selected, opts: BenchOptions, ceilings, common: dict, log) -> 
         w13 = ChordAPI.pack(weights.q13, weights.s13)
         w2 = ChordAPI.pack(weights.q2, weights.s2)
         log(f"chord  {sc0.deployment}: weights built and packed in {time.time() - t0:.1f}s")
+        layers = _chord_humming_layers(group, weights, opts, dev) if opts.chain else None
         for sc, fams in group:
             data = I.scenario_data(sc, opts.seed, dev)
             touched = I.describe_touched(data.topk_ids, sc.experts)
@@ -304,14 +306,56 @@ def run_chord_gpu(selected, opts: BenchOptions, ceilings, common: dict, log) -> 
                     fi = I.family_inputs(fam, data)
                     calls = _chord_calls(fam, sc, data, fi, w13, w2, profile)
                     rows += measure_family(PROVIDER_CHORD, sc, fam, data, weights, fi, calls, fl, base, opts, log)
+                    if layers is not None:
+                        rows += measure_chain(sc, fam, data, fi, layers, base, opts, log)
                 except Exception as exc:  # report and keep going
                     log(f"chord  {sc.id} {fam}: ERROR {type(exc).__name__}: {exc}")
                     rows.append(make_row(PROVIDER_CHORD, sc, fam, "error", None, None, None, "", base,
                                          error=f"{type(exc).__name__}: {exc}"))
                     rows += floor_rows(PROVIDER_CHORD, sc, fam, fl, None, base)
-        del weights, w13, w2
+        del weights, w13, w2, layers
         torch.cuda.empty_cache()
     return rows
+
+
+def _chord_humming_layers(group, weights, opts: BenchOptions, dev):
+    """Chord's `humming` root layers (w13, w2, locks) of one weight group, loaded as vLLM 0.33 loads
+    them (chord.lab.bench.vllm_sequence), for the chain timing."""
+    import torch
+
+    from chord.lab.bench import vllm_sequence as VS
+
+    families = sorted({f for _, fams in group for f in fams})
+    w13 = VS.build_layer("w13", weights.q13, weights.s13, gated=True, families=families, device=dev)
+    w2 = VS.build_layer("w2", weights.q2, weights.s2, gated=False, families=families, device=dev)
+    for fam in families:
+        shapes = [sc.rows for sc, fams in group if fam in fams]
+        w13.set_needed(fam, shapes)
+        w2.set_needed(fam, shapes)
+    locks = torch.zeros(torch.cuda.get_device_properties(dev).multi_processor_count * 8, dtype=torch.int32,
+                        device=dev)
+    return w13, w2, locks
+
+
+def measure_chain(sc: Scenario, family: str, data, fi, layers, common: dict, opts: BenchOptions,
+                  log: Callable[[str], None]) -> list[dict]:
+    """The provider-owned chain through Chord's `humming` root (w13, SiLU and mul, w2; one CUDA-graph
+    replay), as upstream's worker times it: rows rel_err_act and chain_us."""
+    import torch
+
+    from chord.lab.bench import vllm_sequence as VS
+
+    w13, w2, locks = layers
+    chain, check = VS.prepare_chain(family, sc, data, fi, w13, w2, locks, opts.humming_tuning_rows)
+    chain()
+    torch.cuda.synchronize()
+    e_act = check()
+    extra = {"check_act": "pass" if e_act <= I.TOLERANCE else "FAIL"}
+    t = timing.bench(chain, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms, graph=opts.cuda_graph)
+    log(f"chord  {sc.id:20s} {family:18s} chain {t.p50:9.1f} us  (act err {e_act:.1e})")
+    return [make_row(PROVIDER_CHORD, sc, family, "rel_err_act", e_act, e_act, e_act, "1", common, **extra),
+            make_row(PROVIDER_CHORD, sc, family, "chain_us", t.p20, t.p50, t.p80, "us", common, timing=t.method,
+                     **extra)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +366,8 @@ def humming_command(opts: BenchOptions, ids: str, families: str | None, json_out
     """The upstream worker's command line for these options (chord.lab.bench.humming_baseline.command)."""
     return HB.command(opts.humming_dir, json_out, scenarios=ids, families=families, suite=opts.suite, seed=opts.seed,
                       warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms, check_rows=opts.check_rows, codes=opts.codes,
-                      tuning_rows=opts.humming_tuning_rows, cuda_graph=opts.cuda_graph)
+                      tuning_rows=opts.humming_tuning_rows, cuda_graph=opts.cuda_graph,
+                      extra=["--chain"] if opts.chain else [])
 
 
 def run_humming_subprocess(selected, opts: BenchOptions, out_dir: Path, log) -> tuple[list[dict], dict]:

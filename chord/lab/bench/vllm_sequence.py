@@ -205,8 +205,10 @@ def _forward(layer: HummingLayer, inputs, outputs, locks, **kw):
                            input_scale=None, input_scale_2=None, outputs=outputs, locks=locks, **kw)
 
 
-def prepare_calls(family: str, sc, data, fi, w13: HummingLayer, w2: HummingLayer, locks, tuning_rows: str):
-    """(gate_up(), down(), gate_up_out, down_out, info) for one family, as vLLM would call them."""
+def prepare_calls(family: str, sc, data, fi, w13: HummingLayer, w2: HummingLayer, locks, tuning_rows: str,
+                  down_input=None):
+    """(gate_up(), down(), gate_up_out, down_out, info) for one family, as vLLM would call them.
+    `down_input`: down's input instead of the scenario's (the chain's activation output)."""
     import torch
 
     from chord import routing
@@ -245,6 +247,9 @@ def prepare_calls(family: str, sc, data, fi, w13: HummingLayer, w2: HummingLayer
         if family == "grouped_masked":
             info["max_rows"] = int(fi.gate_up_in.shape[1])
 
+    if down_input is not None:
+        dn_in = down_input
+
     def gate_up():
         return _forward(w13, x, gu_out, locks, **kw13)
 
@@ -252,3 +257,48 @@ def prepare_calls(family: str, sc, data, fi, w13: HummingLayer, w2: HummingLayer
         return _forward(w2, dn_in, dn_out, locks, **kw2)
 
     return gate_up, down, gu_out, dn_out, info
+
+
+# The activation vLLM 0.33 asks of the provider between gate_up and down (SiLU and mul, gate half
+# then up half), as the experts class passes it to ``may_process_input``.
+SILU_AND_MUL = {"activation_type": "binary_split", "activation_impl": "(a / (1.f + expf(-a))) * b"}
+
+
+def prepare_chain(family: str, sc, data, fi, w13: HummingLayer, w2: HummingLayer, locks, tuning_rows: str):
+    """(chain(), check()) for one family: the provider-owned part of one MoE layer's forward, in
+    vLLM's order -- ``humming_forward`` for w13, ``may_process_input`` on w2's config with SiLU and
+    mul (``layout`` "normal", or "grouped_mask" with the expert counts for the masked family) into
+    the down input buffer, ``humming_forward`` for w2 on it. Routing, the w13 input's permutation
+    and the weighted sum are vLLM's own kernels and stay outside. ``check()`` (after one chain())
+    returns the activation output's relative error against its torch reference on the rows the
+    layout marks valid."""
+    import torch
+    from humming.forward import may_process_input
+
+    rows = sc.rows if family == "indexed" else int(fi.gate_up_in.reshape(-1, sc.k_gate_up).shape[0])
+    two_i = int(sc.n_gate_up)
+    act = torch.empty(rows, two_i // 2, dtype=torch.bfloat16, device=data.device)
+    gate_up, down, gu_out, dn_out, info = prepare_calls(family, sc, data, fi, w13, w2, locks, tuning_rows,
+                                                        down_input=act)
+    if family == "grouped_masked":
+        layout = dict(layout="grouped_mask", expert_tokens=fi.expert_num_tokens)
+    else:
+        layout = dict(layout="normal")
+
+    def chain():
+        gate_up()
+        may_process_input(w2.config, gu_out, outputs=act, **SILU_AND_MUL, **layout)
+        down()
+
+    def check() -> float:
+        g = gu_out.float()
+        ref = torch.nn.functional.silu(g[:, :two_i // 2]) * g[:, two_i // 2:]
+        valid = torch.ones(rows, dtype=torch.bool, device=act.device)
+        if family == "grouped_masked":
+            max_rows = rows // fi.expert_num_tokens.numel()
+            r = torch.arange(rows, device=act.device)
+            valid = (r % max_rows) < fi.expert_num_tokens.long()[r // max_rows]
+        diff = (act.float()[valid] - ref[valid]).norm()
+        return float(diff / ref[valid].norm().clamp_min(1e-30))
+
+    return chain, check
