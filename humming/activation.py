@@ -6,7 +6,7 @@ float expression in ``a`` (gate or sole input) and ``b`` (up). :func:`render` pu
 verbatim into a translation unit; :func:`kernel_for` compiles it once with nvcc for sm_90a into
 Chord's content-hashed cache (chord.jit) and loads it through the CUDA driver API;
 :func:`launch` runs it on torch's current stream (:func:`shape_for`: a row's outputs over 32-256
-lanes, several rows per CTA when rows are narrow, two rows per thread in flight). Layouts:
+lanes; narrow rows several to a CTA, two per thread in flight). Layouts:
 
 * ``normal``: row r -> row r; with ``num_valid_tokens`` only rows r < count are written;
 * ``grouped_mask``: rows are [E, max_rows]; row r of expert e is valid if r % max_rows <
@@ -51,7 +51,7 @@ struct ChordActParams {
   const int32_t* expert_tokens;
   const void* num_valid;
   long long rows, cols, in_stride, out_stride, out_rows, scatter_cols, max_rows, rows_per_cta;
-  int layout, zero_invalid, num_valid_is_64, vec;
+  int layout, zero_invalid, num_valid_is_64, vec, pair, pad;
 };
 
 __device__ __forceinline__ float chord_activation(float a, float b) {
@@ -111,8 +111,8 @@ __device__ __forceinline__ void chord_destinations(const ChordActParams& p, long
 
 // One row per rows_per_cta-th of the CTA: a row's outputs are spread over blockDim.x /
 // rows_per_cta threads (lanes), so a narrow row (TP8's 256 outputs: 32 16-byte items) still keeps
-// a whole CTA's loads in flight. Two rows per thread and pass (r and r + stride), their loads
-// issued before either is computed: twice the bytes in flight of one row at a time.
+// a whole CTA's loads in flight. With `pair`, two rows per thread and pass (r and r + stride),
+// their loads issued before either is computed: twice the bytes in flight of one row at a time.
 extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
   long long nv = 0x7fffffffffffffffLL;
   if (p.num_valid != nullptr)
@@ -133,9 +133,10 @@ extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
       *reinterpret_cast<uint4*>(p.out + dst * p.out_stride + j) = ok ? y : make_uint4(0u, 0u, 0u, 0u);
     });
   };
-  for (long long r = (long long)blockIdx.x * p.rows_per_cta + threadIdx.x / lanes; r < p.rows; r += 2 * stride) {
+  for (long long r = (long long)blockIdx.x * p.rows_per_cta + threadIdx.x / lanes; r < p.rows;
+       r += (p.pair ? 2 : 1) * stride) {
     const long long r2 = r + stride;
-    const bool has2 = r2 < p.rows;
+    const bool has2 = p.pair && r2 < p.rows;
     const bool ok1 = valid(r);
     const bool ok2 = has2 && valid(r2);
     const bool do1 = ok1 || p.zero_invalid, do2 = has2 && (ok2 || p.zero_invalid);
@@ -172,7 +173,7 @@ extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
 }
 """
 
-_PARAMS = struct.Struct("<5Q8q4i")
+_PARAMS = struct.Struct("<5Q8q6i")
 
 
 def check_activation(activation_type: str, activation_impl: str | None) -> tuple[str, str]:
@@ -220,19 +221,23 @@ def _num_sms(device_index: int) -> int:
 
 
 THREADS = 256  # per CTA
-GRID_PER_SM = 8  # CTAs per SM of the grid (each walks rows with a grid stride)
 
 
-def shape_for(cols: int, vec: int) -> tuple[int, int, int]:
-    """(threads, rows per CTA, CTAs per SM) of the launch for rows of `cols` outputs: a row's work
-    items (16-byte groups of 8 outputs when `vec`, else single outputs) over a power-of-two number
-    of lanes (32 at least, every item at most one pass), the CTA's THREADS threads shared by
-    THREADS / lanes rows."""
+def shape_for(cols: int, vec: int) -> tuple[int, int, int, int]:
+    """(threads, rows per CTA, CTAs per SM, pair) of the launch for rows of `cols` outputs. A row's
+    work items (16-byte groups of 8 outputs when `vec`, else single outputs) go to a power-of-two
+    number of lanes (32 at least, every item at most one pass). Narrow rows (fewer items than
+    THREADS: TP8's 256 outputs) share a CTA, THREADS / lanes rows of it, in a grid of 8 CTAs per SM,
+    each thread two rows per pass (`pair`); measured on the H200 (2026-12-03), TP8 m16384's
+    131072 x 256 outputs: 92.5 -> 65.2 us. Wide rows (EP's 2048 outputs) keep one row per CTA and
+    16 CTAs per SM without pairs, where pairs measured slower (112.2 -> 123.1 us at 32768 rows)."""
     items = -(-cols // (8 if vec else 1))
     lanes = 32
     while lanes < THREADS and lanes < items:
         lanes *= 2
-    return THREADS, THREADS // lanes, GRID_PER_SM
+    if lanes < THREADS:
+        return THREADS, THREADS // lanes, 8, 1
+    return THREADS, 1, 16, 0
 
 
 def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str, activation_impl: str | None,
@@ -256,7 +261,7 @@ def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str,
     max_rows = 1
     if layout == "grouped_mask":
         max_rows = max(1, inputs.shape[0] // expert_tokens.numel())
-    threads, rows_per_cta, grid_per_sm = shape_for(cols, vec)
+    threads, rows_per_cta, grid_per_sm, pair = shape_for(cols, vec)
     params = _PARAMS.pack(
         inputs.data_ptr(), outputs.data_ptr(),
         scatter_idx.data_ptr() if scatter_idx is not None else 0,
@@ -264,7 +269,7 @@ def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str,
         num_valid_tokens.data_ptr() if num_valid_tokens is not None else 0,
         rows, cols, in_stride, out_stride, out_rows, scatter_cols, max_rows, rows_per_cta,
         LAYOUTS[layout], int(bool(zero_invalid)),
-        int(num_valid_tokens is not None and num_valid_tokens.dtype == torch.int64), vec)
+        int(num_valid_tokens is not None and num_valid_tokens.dtype == torch.int64), vec, pair, 0)
     device_index = inputs.get_device()
     grid = max(1, min(-(-rows // rows_per_cta), _num_sms(device_index) * grid_per_sm))
     kernel = kernel_for(act_type, impl)
