@@ -109,7 +109,9 @@ __device__ __forceinline__ void chord_destinations(const ChordActParams& p, long
   }
 }
 
-// One row per rows_per_cta-th of the CTA: a row's outputs are spread over blockDim.x /
+%(kernel)s"""
+
+_KERNEL_NARROW = r"""// One row per rows_per_cta-th of the CTA: a row's outputs are spread over blockDim.x /
 // rows_per_cta threads (lanes), so a narrow row (TP8's 256 outputs: 32 16-byte items) still keeps
 // a whole CTA's loads in flight. With `pair`, two rows per thread and pass (r and r + stride),
 // their loads issued before either is computed: twice the bytes in flight of one row at a time.
@@ -173,6 +175,47 @@ extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
 }
 """
 
+_KERNEL_WIDE = r"""// Wide rows (EP's 2048 outputs: 256 16-byte items): one row per CTA, its outputs over the CTA's
+// threads, a grid-stride walk over the rows.
+extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
+  long long nv = 0x7fffffffffffffffLL;
+  if (p.num_valid != nullptr)
+    nv = p.num_valid_is_64 ? *reinterpret_cast<const long long*>(p.num_valid)
+                           : (long long)(*reinterpret_cast<const int*>(p.num_valid));
+  for (long long r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const __nv_bfloat16* row = p.in + r * p.in_stride;
+    bool row_ok = true;  // scatter: validity is per destination
+    if (p.layout == 1) {
+      const long long e = r / p.max_rows;
+      row_ok = (r - e * p.max_rows) < (long long)p.expert_tokens[e];
+    } else if (p.layout == 0) {
+      row_ok = r < nv;
+    }
+    if (!row_ok && !p.zero_invalid) continue;
+    if (p.vec) {
+      for (long long j = 8LL * threadIdx.x; j < p.cols; j += 8LL * blockDim.x) {
+        const uint4 y = row_ok ? chord_compute8(row, p.cols, j) : make_uint4(0u, 0u, 0u, 0u);
+        chord_destinations(p, r, row_ok, nv, [&](long long dst, bool ok) {
+          *reinterpret_cast<uint4*>(p.out + dst * p.out_stride + j) = ok ? y : make_uint4(0u, 0u, 0u, 0u);
+        });
+      }
+    } else {
+      for (long long j = threadIdx.x; j < p.cols; j += blockDim.x) {
+        __nv_bfloat16 y = __float2bfloat16_rn(0.f);
+        if (row_ok) {
+          float a, b;
+          chord_load(row, p.cols, j, a, b);
+          y = __float2bfloat16_rn(chord_activation(a, b));
+        }
+        chord_destinations(p, r, row_ok, nv, [&](long long dst, bool ok) {
+          p.out[dst * p.out_stride + j] = ok ? y : __float2bfloat16_rn(0.f);
+        });
+      }
+    }
+  }
+}
+"""
+
 _PARAMS = struct.Struct("<5Q8q6i")
 
 
@@ -196,22 +239,28 @@ def out_cols(activation_type: str, in_cols: int) -> int:
     return in_cols
 
 
-def render(activation_type: str, activation_impl: str) -> tuple[str, str]:
-    """(source, kernel name) of the elementwise kernel for one activation (name = content hash)."""
+def render(activation_type: str, activation_impl: str, narrow: bool = False) -> tuple[str, str]:
+    """(source, kernel name) of the elementwise kernel for one activation (name = content hash):
+    the wide-row kernel (one row per CTA), or with `narrow` the narrow-row one (several rows per
+    CTA, two per thread in flight; :func:`shape_for` says which a launch takes)."""
     activation_type, activation_impl = check_activation(activation_type, activation_impl)
     body = {"act_type": activation_type, "impl": activation_impl, "load": _LOAD[activation_type],
             "interleaved": int(activation_type == "binary_interleaved"),
-            "binary": int(activation_type != "unary"), "name": "@NAME@"}
-    digest = hashlib.sha256((_SOURCE % body).encode()).hexdigest()[:16]
-    name = f"chord_humming_act_{digest}"
-    return (_SOURCE % {**body, "name": name}), name
+            "binary": int(activation_type != "unary")}
+    kernel = _KERNEL_NARROW if narrow else _KERNEL_WIDE
+
+    def text(name: str) -> str:
+        return _SOURCE % {**body, "kernel": kernel % {"name": name}}
+
+    name = f"chord_humming_act_{hashlib.sha256(text('@NAME@').encode()).hexdigest()[:16]}"
+    return text(name), name
 
 
 @lru_cache(maxsize=64)
-def kernel_for(activation_type: str, activation_impl: str):
+def kernel_for(activation_type: str, activation_impl: str, narrow: bool = False):
     from humming import _chord
 
-    source, name = render(activation_type, activation_impl)
+    source, name = render(activation_type, activation_impl, narrow)
     return _chord.compile_source(source, name)
 
 
@@ -229,8 +278,9 @@ def shape_for(cols: int, vec: int) -> tuple[int, int, int, int]:
     number of lanes (32 at least, every item at most one pass). Narrow rows (fewer items than
     THREADS: TP8's 256 outputs) share a CTA, THREADS / lanes rows of it, in a grid of 8 CTAs per SM,
     each thread two rows per pass (`pair`); measured on the H200 (2026-12-03), TP8 m16384's
-    131072 x 256 outputs: 92.5 -> 65.2 us. Wide rows (EP's 2048 outputs) keep one row per CTA and
-    16 CTAs per SM without pairs, where pairs measured slower (112.2 -> 123.1 us at 32768 rows)."""
+    131072 x 256 outputs: 92.5 -> 65.2 us. Wide rows (EP's 2048 outputs) keep the one-row-per-CTA
+    kernel in 16 CTAs per SM, where the narrow kernel measured slower, with or without pairs
+    (32768 x 2048: 112.2 -> 123.1 / 131.0 us)."""
     items = -(-cols // (8 if vec else 1))
     lanes = 32
     while lanes < THREADS and lanes < items:
@@ -272,7 +322,7 @@ def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str,
         int(num_valid_tokens is not None and num_valid_tokens.dtype == torch.int64), vec, pair, 0)
     device_index = inputs.get_device()
     grid = max(1, min(-(-rows // rows_per_cta), _num_sms(device_index) * grid_per_sm))
-    kernel = kernel_for(act_type, impl)
+    kernel = kernel_for(act_type, impl, bool(pair))
     stream = torch.cuda.current_stream(device_index).cuda_stream
     _chord.launch(kernel, (grid, 1, 1), (threads, 1, 1), params, device_index, stream)
 
