@@ -479,12 +479,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ep: experts split over ranks, rows exchanged by all_to_all; tp: every expert's intermediate "
                         "split over ranks, partial outputs all-reduced")
     p.add_argument("--world-size", type=int, default=d.world_size, help="ranks (one GPU each with CUDA)")
-    p.add_argument("--tokens", type=int, default=d.tokens, help="tokens per rank")
+    p.add_argument("--tokens", type=int, default=d.tokens, help="tokens per rank (TP: the same tokens on every rank)")
     p.add_argument("--experts", type=int, default=d.experts, help="experts E (Kimi K2.x: 384)")
     p.add_argument("--hidden", type=int, default=d.hidden, help="hidden size H (Kimi K2.x: 7168)")
     p.add_argument("--intermediate", type=int, default=d.intermediate, help="moe intermediate I (Kimi K2.x: 2048)")
     p.add_argument("--top-k", type=int, default=d.top_k, help="experts per token (Kimi K2.x: 8)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of weights, router and tokens")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of weights, router and tokens (default 0)")
     p.add_argument("--family", choices=FAMILIES, default=d.family,
                    help=f"GEMM family; auto: EP grouped_masked up to {MASKED_MAX_TOKENS} tokens per rank, "
                         "grouped_contiguous above; TP indexed")
