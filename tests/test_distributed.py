@@ -14,7 +14,9 @@ from chord.lab import distributed as dist_lab
 from chord.lab.bench.inputs import TOLERANCE, rel_err
 from chord.reference import moe_ref
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built"),
+              pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path (gloo on the float32 reference) is "
+                                 "refused where CUDA exists; tests/gpu/test_distributed_gpu.py runs NCCL")]
 
 SMALL = dict(tokens=16, experts=8, hidden=128, intermediate=64, top_k=2, iters=1, device="cpu")
 
@@ -134,3 +136,11 @@ def test_valid_arguments_reach_the_run(monkeypatch, tmp_path):
     assert seen["cfg"].gemm_family() == "indexed"
     assert dist_lab.Config(tokens=64).gemm_family() == "grouped_masked"
     assert dist_lab.Config(tokens=65).gemm_family() == "grouped_contiguous"
+
+
+def test_cpu_device_is_refused_where_cuda_exists(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned with a bad argument"))
+    assert cli.main(["distributed", "--device", "cpu"]) == 2
+    assert "--device cpu" in capsys.readouterr().err

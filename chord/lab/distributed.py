@@ -115,6 +115,9 @@ def check_config(cfg: Config) -> Config:
                 f"multiples of {GROUP} (w2's K slice keeps whole scale groups)")
         if cfg.family not in ("auto", "indexed"):
             raise _args.UsageError(f"--family {cfg.family!r} is not a TP family; with --mode tp valid: auto, indexed")
+    if cfg.device == "cpu" and _cuda_count() > 0:
+        raise _args.UsageError("--device cpu runs the GEMMs on the float32 reference, which is only for machines "
+                               "without a CUDA device; on this one use --device cuda (NCCL, one GPU per rank)")
     if cfg.device == "cuda" or (cfg.device == "auto" and _cuda_count() > 0):
         if _cuda_count() < cfg.world_size:
             raise _args.UsageError(f"--world-size {cfg.world_size} needs one GPU per rank; this machine has "
