@@ -53,8 +53,9 @@ def test_four_ranks_ep():
     _checked(dist_lab.run(cfg), cfg)
 
 
-def test_torchrun_rank_runs_in_this_process(monkeypatch):
-    """Under torchrun (RANK / WORLD_SIZE set) nothing is spawned: this process is the rank."""
+@pytest.fixture
+def torchrun_rank(monkeypatch):
+    """This process as rank 0 of a world of 1, as torchrun would start it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -64,9 +65,31 @@ def test_torchrun_rank_runs_in_this_process(monkeypatch):
     for k in dist_lab.MULTICAST_OFF:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned under torchrun"))
+
+
+def test_torchrun_rank_runs_in_this_process(torchrun_rank):
+    """Under torchrun (RANK / WORLD_SIZE set) nothing is spawned: this process is the rank."""
     cfg = dist_lab.Config(mode="ep", world_size=1, family="grouped_masked", **SMALL)
     _checked(dist_lab.run(cfg), cfg)
     assert all(os.environ[k] == v for k, v in dist_lab.MULTICAST_OFF.items())
+
+
+def test_a_wrong_slice_fails_the_check(torchrun_rank, monkeypatch, tmp_path):
+    """The check bites: TP with one expert's down weights zeroed on the rank misses the reference."""
+    real = dist_lab.tp_slice
+
+    def broken(*a):
+        q13, s13, q2, s2 = real(*a)
+        q2 = q2.clone()
+        q2[0] = 0
+        return q13, s13, q2, s2
+
+    monkeypatch.setattr(dist_lab, "tp_slice", broken)
+    cfg = dist_lab.Config(mode="tp", world_size=1, **{**SMALL, "experts": 2, "top_k": 1})
+    out = tmp_path / "r.json"
+    result = dist_lab.run(cfg, out)
+    assert not result["ok"] and result["ranks"][0]["rel_err"] > 0.1
+    assert "FAIL" in dist_lab.format_table(result) and not json.loads(out.read_text())["ok"]
 
 
 def test_tp_slices_sum_to_the_whole_layer():

@@ -135,16 +135,19 @@ def _cuda_count() -> int:
 # the layer, the same on every rank
 
 
-def make_layer(cfg: Config):
-    """(q13 [E, 2I, H], s13, q2 [E, H, I], s2, router [E, H]) from cfg.seed, on the CPU."""
+def make_layer(cfg: Config, device="cpu"):
+    """(q13 [E, 2I, H], s13, q2 [E, H, I], s2, router [E, H]) from cfg.seed, drawn on `device` (every
+    rank of a run draws on the same kind of device, so every rank gets the same layer; a Kimi-sized
+    layer is drawn on the GPU in moments where the CPU would take minutes)."""
     import torch
 
     from chord.lab.bench.inputs import random_int4
 
-    g = torch.Generator().manual_seed(cfg.seed)
-    q13, s13 = random_int4(cfg.experts, 2 * cfg.intermediate, cfg.hidden, g, torch.device("cpu"))
-    q2, s2 = random_int4(cfg.experts, cfg.hidden, cfg.intermediate, g, torch.device("cpu"))
-    router = torch.randn(cfg.experts, cfg.hidden, generator=g) / math.sqrt(cfg.hidden)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(cfg.seed)
+    q13, s13 = random_int4(cfg.experts, 2 * cfg.intermediate, cfg.hidden, g, device)
+    q2, s2 = random_int4(cfg.experts, cfg.hidden, cfg.intermediate, g, device)
+    router = torch.randn(cfg.experts, cfg.hidden, generator=g, device=device) / math.sqrt(cfg.hidden)
     return q13, s13, q2, s2, router
 
 
@@ -173,7 +176,7 @@ def tp_slice(q13, s13, q2, s2, rank: int, world: int):
     inter = q13.shape[1] // 2
     step = inter // world
     lo, hi = rank * step, (rank + 1) * step
-    rows = torch.cat((torch.arange(lo, hi), torch.arange(inter + lo, inter + hi)))
+    rows = torch.cat((torch.arange(lo, hi), torch.arange(inter + lo, inter + hi))).to(q13.device)
     return (q13[:, rows].contiguous(), s13[:, rows].contiguous(), q2[:, :, lo:hi].contiguous(),
             s2[:, :, lo // GROUP:hi // GROUP].contiguous())
 
@@ -391,7 +394,7 @@ def run_rank(rank: int, world: int, cfg: Config, init_method: str | None, result
     dist.init_process_group(**kw)
     try:
         with ctx:
-            q13, s13, q2, s2, router = make_layer(cfg)
+            q13, s13, q2, s2, router = make_layer(cfg, device)
             x = make_tokens(cfg, rank).to(device)
             topk_w, topk_ids = route(x, router, cfg.top_k)
             family = cfg.gemm_family()
@@ -410,9 +413,9 @@ def run_rank(rank: int, world: int, cfg: Config, init_method: str | None, result
                 out, extra = forward(cfg, experts, x, topk_w, topk_ids, rank, world, clock)
                 times.append(clock.spans())
             times = times[1:]
-            ref = moe_ref(x.cpu(), QuantizedExperts(q13, s13), QuantizedExperts(q2, s2), topk_w.cpu(),
-                          topk_ids.cpu(), bf16_intermediates=True)
-            err = rel_err(out.cpu(), ref)
+            ref = moe_ref(x, QuantizedExperts(q13, s13), QuantizedExperts(q2, s2), topk_w, topk_ids,
+                          bf16_intermediates=True)  # on the rank's device, float32
+            err = rel_err(out, ref)
         mine = {"rank": rank, "device": str(device), "family": family, "rel_err": err, "ok": err < TOLERANCE,
                 **extra, "ms": {p: statistics.median(t[i] for t in times) for i, p in enumerate(PHASES)},
                 "ms_all": {p: [t[i] for t in times] for i, p in enumerate(PHASES)}}
