@@ -15,6 +15,8 @@ profile can select, and more on request, and packs them to carry (chord.lab.prec
 capture`` captures one scenario's calls with torch.profiler, Nsight Systems or Nsight Compute
 (chord.lab.capture); ``chord profile`` is its earlier name, kept for one release with a warning.
 ``chord variant`` writes a copy of a profile with knobs set on every rule (chord.lab.variant).
+``chord distributed`` runs one MoE layer expert- or tensor-parallel over torch.distributed and
+checks every rank against the float32 reference (chord.lab.distributed).
 """
 from __future__ import annotations
 
@@ -573,6 +575,18 @@ def _cmd_variant(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_distributed(args: argparse.Namespace) -> None:
+    from chord.lab import distributed
+
+    distributed.check_args(args)
+
+
+def _cmd_distributed(args: argparse.Namespace) -> int:
+    from chord.lab import distributed
+
+    return distributed.command(args)
+
+
 def _cmd_limits(args: argparse.Namespace) -> int:
     from chord.lab import limits
 
@@ -725,11 +739,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a knob value for every rule it applies to (repeatable)")
     pv.add_argument("--out", dest="variant_out", required=True, metavar="FILE", help="the .json file to write")
     pv.set_defaults(func=_cmd_variant, check=_check_variant)
+    pdist = _add_parser(sub, "distributed", "run one MoE layer expert- or tensor-parallel over torch.distributed "
+                                            "and check every rank against the float32 reference",
+                        "Spawns --world-size processes (or runs as one rank under torchrun): NCCL with one GPU per "
+                        "rank, or gloo on the CPU with the float32 reference behind the humming root. Times "
+                        "dispatch, GEMMs and combine per rank; exits 1 when a rank's output misses the tolerance.")
+    from chord.lab import distributed
+
+    distributed.add_arguments(pdist)
+    pdist.set_defaults(func=_cmd_distributed, check=_check_distributed)
     return parser
 
 
 #: the subcommands, as `chord --help` lists them
-COMMANDS = ("bench", "tune", "info", "doctor", "precompile", "capture", "limits", "variant")
+COMMANDS = ("bench", "tune", "info", "doctor", "precompile", "capture", "limits", "variant", "distributed")
 #: earlier names of subcommands, accepted for one release with a warning: {old: new}
 DEPRECATED_COMMANDS = {"profile": "capture"}
 
