@@ -53,3 +53,14 @@ def routing_check():
     chord.ops.check_routing(True)
     yield
     chord.ops.check_routing(before)
+
+
+def cli_refused(argv, capsys, *named) -> None:
+    """`chord <argv>` exits 2 with no traceback and its error names each of `named`."""
+    from chord import cli
+
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, (argv, err)
+    for text in named:
+        assert text in err, (text, err)

@@ -1,7 +1,7 @@
 """`chord bench --gemm / --host-time / --layout-ablation` on CPU: every flag checked by name before
 any GPU work, the values that reach the run, and the tools/ scripts that forward to them."""
 import pytest
-from conftest import load_tool
+from conftest import cli_refused, load_tool
 
 from chord import cli
 from chord.lab.bench import host_time, layout_ablation, one_gemm
@@ -22,12 +22,7 @@ def gpu_runs(monkeypatch):
     return seen
 
 
-def _refused(argv, capsys, *named):
-    rc = cli.main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err, (argv, err)
-    for text in named:
-        assert text in err, (text, err)
+_refused = cli_refused
 
 
 def test_gemm_reaches_the_run_with_its_scenario_family_and_schedules(gpu_runs, tmp_path):

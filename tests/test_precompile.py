@@ -3,7 +3,7 @@ before anything is built), the packing, and tools/device_cache.py forwarding to 
 import tarfile
 
 import pytest
-from conftest import load_tool
+from conftest import cli_refused, load_tool
 
 from chord import cli
 from chord.lab import precompile
@@ -103,12 +103,7 @@ def test_a_record_of_a_gpu_run_adds_its_kernels(tmp_path, capsys):
         precompile.read_record(bad)
 
 
-def _refused(argv, capsys, *named):
-    rc = cli.main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err, (argv, err)
-    for text in named:
-        assert text in err, (text, err)
+_refused = cli_refused
 
 
 def test_every_flag_is_checked_before_anything_is_built(tmp_path, capsys, monkeypatch):
