@@ -275,6 +275,8 @@ def prepare_chain(family: str, sc, data, fi, w13: HummingLayer, w2: HummingLayer
     import torch
     from humming.forward import may_process_input
 
+    from chord.reference import silu_and_mul_ref
+
     rows = sc.rows if family == "indexed" else int(fi.gate_up_in.reshape(-1, sc.k_gate_up).shape[0])
     two_i = int(sc.n_gate_up)
     act = torch.empty(rows, two_i // 2, dtype=torch.bfloat16, device=data.device)
@@ -291,8 +293,7 @@ def prepare_chain(family: str, sc, data, fi, w13: HummingLayer, w2: HummingLayer
         down()
 
     def check() -> float:
-        g = gu_out.float()
-        ref = torch.nn.functional.silu(g[:, :two_i // 2]) * g[:, two_i // 2:]
+        ref = silu_and_mul_ref(gu_out)
         valid = torch.ones(rows, dtype=torch.bool, device=act.device)
         if family == "grouped_masked":
             max_rows = rows // fi.expert_num_tokens.numel()
