@@ -92,6 +92,11 @@ _VARS = (
         "counts) before each launch and raises on a bad one (one host sync per call, skipped while a CUDA graph "
         "is captured; `check_routing=False` per call, or `CHORD_CHECK_ROUTING=0`, trusts them; the `humming` "
         "root trusts vLLM's routing). The kernels stay in bounds either way: see docs/reliability.md"),
+    Var("CHORD_ACTIVATION_PDL", "flag", False, "per call",
+        "the `humming` root's activation kernel is launched with programmatic dependent launch: it waits for the "
+        "GEMM before it in the kernel and lets the next kernel launch at once, so its launch overlaps gate_up's "
+        "tail and a `pdl_prefetch` down GEMM requests its weights while it runs (docs/optimizations.md)",
+        example="1"),
     Var("CHORD_NVTX", "flag", False, "at import",
         "emit NVTX ranges `chord/<op>[<schedule id>]` in the `chord` domain", example="1"),
     Var("CHORD_POLICY", "str", "profile", "per call",

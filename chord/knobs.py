@@ -131,6 +131,13 @@ KNOBS: tuple[Knob, ...] = (
          "for the previous grid on the stream (griddepcontrol.wait) before its first global access and then "
          "lets the next grid launch, so back-to-back GEMMs overlap one's tail with the next one's launch and "
          "CTA start; 0 = plain stream order", off=0),
+    Knob("pdl_prefetch", "pf", 0, (0, 1), "kPdlPrefetch",
+         "pdl=1: 1 = before griddepcontrol.wait, warp 0 of about the first wave of CTAs guesses from the routing "
+         "as it reads then which expert each of the grid's first CTAs will work on and asks L2 for their first "
+         "ring of weight and scale K blocks (cp.async.bulk.prefetch.L2, at most 24 MB; grouped_contiguous: each "
+         "CTA its own tile), so the weight stream starts while the previous kernel ends; nothing decided before "
+         "the wait (a wrong guess costs bytes, not bits); 0 = nothing before the wait", off=0,
+         requires=(("pdl", 1), ("persistent", 0), ("stream_k", 0))),
     Knob("stream_k", "stk", 0, (0, 1), "kStreamK",
          "mma, indexed: 1 = stream-K: about one wave of CTAs splits the (token block, N block, K block) units "
          "of the device's valid blocks (up to num_tokens_post_padded, so work and bytes follow the active "
@@ -308,6 +315,10 @@ class Schedule:
                                  f"n_tiles / persistent / raster / cluster_n (stream-K splits the tile grid itself), "
                                  f"got family={self.family}, mainloop={self.mainloop}"
                                  + "".join(f", {k}={v}" for k, v in clash.items()))
+        if self.pdl_prefetch and (not self.pdl or self.persistent or self.stream_k):
+            raise ValueError(f"pdl_prefetch=1 prefetches before the PDL wait for the launched grid's tiles, so it needs "
+                             f"pdl=1, persistent=0 and stream_k=0, got pdl={self.pdl}, persistent={self.persistent}, "
+                             f"stream_k={self.stream_k}")
         if self.tma_x and self.family == "indexed":
             raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
                              "gathers its rows")

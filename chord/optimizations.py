@@ -72,6 +72,8 @@ class Optimization:
                             tma_x=KNOB["tma_x"].default, block_m=min(schedule.block_m, 128))
         if self.knob == "persistent":  # the work queue hands persistent CTAs their items: off with them
             return override(schedule, persistent=off, queue=KNOB["queue"].default)
+        if self.knob == "pdl":  # the prefetch before the wait needs the PDL launch: off with it
+            return override(schedule, pdl=off, pdl_prefetch=KNOB["pdl_prefetch"].default)
         if self.knob == "swap":
             # tokens on the M side come in 16-row MMA tiles: an 8-row tile becomes a 16-row one (an
             # indexed call then needs routing for that block size)
@@ -150,6 +152,15 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "leave the critical path (the point at TP8 one token, whose kernels run a few microseconds); "
                  "off: plain stream order (same bits)",
                  "knob", "pdl", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("PDL weight prefetch",
+                 "with programmatic dependent launch, the weights are the one input no kernel before writes, so "
+                 "before griddepcontrol.wait warp 0 of about the first wave of CTAs (SMs x ctas_per_sm) guesses "
+                 "from the routing as it reads then which expert each of the grid's first CTAs will work on and "
+                 "asks L2 for their first ring of weight and scale K blocks (cp.async.bulk.prefetch.L2, at most "
+                 "24 MB for the grid; grouped_contiguous: each CTA its own tile): the weight stream starts while "
+                 "the previous kernel's tail runs (TP8 one token: down's 7.3 MB while gate_up ends). Nothing is "
+                 "decided before the wait, so a wrong guess costs bytes, not bits; off: pdl=1 alone (same bits)",
+                 "knob", "pdl_prefetch", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("stream-K",
                  "indexed family on the mma loop: about one wave of CTAs splits the (token block, N block, K block) "
                  "units of the device's valid blocks (up to num_tokens_post_padded, so work and bytes follow the "

@@ -17,6 +17,8 @@
 //   x programmatic dependent launch (PDL: launched with programmatic stream serialization, the
 //     kernel waits for the previous grid before its first global read and lets the next one
 //     launch, so the next GEMM's CTAs are resident when this one ends; chord.jit Kernel.launch)
+//   x PDL that prefetches (PDL_PREFETCH: before the wait, about the first wave asks L2 for the
+//     first ring of weights and scales of the grid's CTAs, moe/prefetch.cuh)
 //   x stream-K (STREAMK, indexed family on the mma loop: about one wave of CTAs splits the valid
 //     (tile, K block) units evenly, moe/stream_k.cuh).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
@@ -38,6 +40,7 @@
 #include "mainloop/wgmma_multistage.cuh"
 #include "mainloop/wgmma_warp_specialized.cuh"
 #include "moe/epilogue.cuh"
+#include "moe/prefetch.cuh"
 #include "moe/rows.cuh"
 #include "moe/stream_k.cuh"
 
@@ -75,6 +78,7 @@ struct MoeKernel {
   static constexpr int PERSISTENT = Cfg::kPersistent ? (Cfg::kQueue ? 2 : 1) : 0;
   static constexpr int CLUSTER_N = Cfg::kClusterN;
   static constexpr bool PDL = Cfg::kPdl;
+  static constexpr bool PDL_PREFETCH = Cfg::kPdlPrefetch;
   static constexpr bool STREAMK = Cfg::kStreamK;
   using Mainloop = typename MainloopFor<Cfg>::type;
   // PERSISTENT: 0 = one CTA per item; 1 = about one wave walks the items with a static stride;
@@ -106,6 +110,8 @@ struct MoeKernel {
                              RASTER == 0 && !kTmaX),
                 "STREAMK: the indexed family, splitting the tile grid itself (no split-K, n_tiles, persistent, "
                 "raster or pairs)");
+  static_assert(!PDL_PREFETCH || (PDL && !PERSISTENT && !STREAMK),
+                "PDL_PREFETCH: a PDL launch of one item per CTA (the launched grid's tiles)");
 
   // xmap: the activations' tensor map (TMA_X kernels only).
   __device__ __forceinline__ static void run(const GemmParams& p, const TmaDescriptor* xmap = nullptr) {
@@ -114,6 +120,10 @@ struct MoeKernel {
       // (moe_align, the activation, the GEMM before this one on the stream): wait for its grid
       // before the first global access; the parameter block is by value. Then let the next
       // kernel's CTAs launch into the SMs this grid's tail leaves idle (they wait in turn).
+      // PDL_PREFETCH: first, the weights (never written by a kernel before this one) are asked for.
+      if constexpr (PDL_PREFETCH) {
+        if (threadIdx.x < 32) FirstStagePrefetch<Cfg>::run(p);
+      }
       griddep_wait();
       griddep_launch_dependents();
     }

@@ -164,8 +164,8 @@ def compile_source(source: str, kernel_name: str):
 
 
 def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], params: bytes, device_index: int,
-           stream: int) -> None:
-    kernel.launch(grid, block, params, device_index, stream)
+           stream: int, pdl: bool = False) -> None:
+    kernel.launch(grid, block, params, device_index, stream, pdl=pdl)
 
 
 # --------------------------------------------------------------------------------------------

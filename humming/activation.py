@@ -6,7 +6,8 @@ float expression in ``a`` (gate or sole input) and ``b`` (up). :func:`render` pu
 verbatim into a translation unit; :func:`kernel_for` compiles it once with nvcc for sm_90a into
 Chord's content-hashed cache (chord.jit) and loads it through the CUDA driver API;
 :func:`launch` runs it on torch's current stream (:func:`shape_for`: a row's outputs over 32-256
-lanes; narrow rows several to a CTA, two per thread in flight). Layouts:
+lanes; narrow rows several to a CTA, two per thread in flight), with programmatic dependent launch
+under ``CHORD_ACTIVATION_PDL=1``. Layouts:
 
 * ``normal``: row r -> row r; with ``num_valid_tokens`` only rows r < count are written;
 * ``grouped_mask``: rows are [E, max_rows]; row r of expert e is valid if r % max_rows <
@@ -93,6 +94,15 @@ __device__ __forceinline__ uint4 chord_compute8(const __nv_bfloat16* row, long l
   return *reinterpret_cast<uint4*>(y);
 }
 
+// Programmatic dependent launch (both no-ops in a grid launched without the attribute,
+// CHORD_ACTIVATION_PDL): wait for the GEMM before (its output is this kernel's input) before any
+// global access, then let the next kernel launch at once, so down's CTAs are resident and a
+// pdl_prefetch down GEMM requests its weights while this pass runs.
+__device__ __forceinline__ void chord_grid_dependency() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // write(dst_row, ok) for every destination row of input row r (ok == false: write zeros)
 template <typename Write>
 __device__ __forceinline__ void chord_destinations(const ChordActParams& p, long long r, bool row_ok,
@@ -116,6 +126,7 @@ _KERNEL_NARROW = r"""// One row per rows_per_cta-th of the CTA: a row's outputs 
 // a whole CTA's loads in flight. With `pair`, two rows per thread and pass (r and r + stride),
 // their loads issued before either is computed: twice the bytes in flight of one row at a time.
 extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
+  chord_grid_dependency();
   long long nv = 0x7fffffffffffffffLL;
   if (p.num_valid != nullptr)
     nv = p.num_valid_is_64 ? *reinterpret_cast<const long long*>(p.num_valid)
@@ -178,6 +189,7 @@ extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
 _KERNEL_WIDE = r"""// Wide rows (EP's 2048 outputs: 256 16-byte items): one row per CTA, its outputs over the CTA's
 // threads, a grid-stride walk over the rows.
 extern "C" __global__ void %(name)s(const __grid_constant__ ChordActParams p) {
+  chord_grid_dependency();
   long long nv = 0x7fffffffffffffffLL;
   if (p.num_valid != nullptr)
     nv = p.num_valid_is_64 ? *reinterpret_cast<const long long*>(p.num_valid)
@@ -272,6 +284,15 @@ def _num_sms(device_index: int) -> int:
 THREADS = 256  # per CTA
 
 
+def _pdl() -> bool:
+    """CHORD_ACTIVATION_PDL: launch with programmatic stream serialization (the kernel waits for
+    the GEMM before it itself, chord_grid_dependency), so its launch overlaps gate_up's tail and
+    down's CTAs launch while it runs."""
+    from chord import _env
+
+    return _env.flag("CHORD_ACTIVATION_PDL")
+
+
 def shape_for(cols: int, vec: int) -> tuple[int, int, int, int]:
     """(threads, rows per CTA, CTAs per SM, pair) of the launch for rows of `cols` outputs. A row's
     work items (16-byte groups of 8 outputs when `vec`, else single outputs) go to a power-of-two
@@ -324,7 +345,7 @@ def launch(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str,
     grid = max(1, min(-(-rows // rows_per_cta), _num_sms(device_index) * grid_per_sm))
     kernel = kernel_for(act_type, impl, bool(pair))
     stream = torch.cuda.current_stream(device_index).cuda_stream
-    _chord.launch(kernel, (grid, 1, 1), (threads, 1, 1), params, device_index, stream)
+    _chord.launch(kernel, (grid, 1, 1), (threads, 1, 1), params, device_index, stream, pdl=_pdl())
 
 
 def reference(inputs: torch.Tensor, outputs: torch.Tensor, *, activation_type: str, activation_impl: str | None,

@@ -263,6 +263,22 @@ def test_rendered_source_holds_the_expression_and_a_content_hash_name():
     assert name != activation.render("binary_interleaved", "(a / (1.f + expf(-a))) * b")[1]
 
 
+@pytest.mark.parametrize("narrow", [False, True])
+def test_kernels_wait_for_the_gemm_before_any_global_access_and_pdl_is_a_switch(narrow):
+    """Both kernels begin with the grid-dependency wait and trigger (no-ops in a plain launch);
+    CHORD_ACTIVATION_PDL (off by default) makes the launch a programmatic one."""
+    from chord import _env
+
+    src, name = activation.render("binary_split", "a * b", narrow)
+    body = src[src.index(f"void {name}("):]
+    assert body.split("{", 1)[1].lstrip().startswith("chord_grid_dependency();")
+    helper = src[src.index("void chord_grid_dependency()"):]
+    assert helper.index("griddepcontrol.wait") < helper.index("griddepcontrol.launch_dependents")
+    assert activation._pdl() is False
+    with _env.override(CHORD_ACTIVATION_PDL=True):
+        assert activation._pdl() is True
+
+
 @needs_nvcc
 @pytest.mark.parametrize("name", sorted(VLLM_ACTIVATIONS) + ["none"])
 def test_every_vllm_activation_compiles_for_sm90a(name):

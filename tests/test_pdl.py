@@ -1,6 +1,7 @@
 """Programmatic dependent launch (`pdl`, id token `pd1`) on the host: the knob, the rendered kernel,
 the cuLaunchKernelEx structures against cuda.h, the launch path, and the SASS of a built kernel."""
 import ctypes
+import re
 import subprocess
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def test_knob_id_round_trip_and_off_side():
         Schedule("indexed", 8, 256, 4, 8, 1, pdl=2)
 
 
+def test_prefetch_knob_needs_a_pdl_launch_of_one_item_per_cta():
+    s = Schedule.from_id("idx-m8n64k64-w4-s8-c1-sk8-pd1-pf1")
+    assert s.pdl == 1 and s.pdl_prefetch == 1 and s.id == "idx-m8n64k64-w4-s8-c1-sk8-pd1-pf1"
+    pf, pdl = optimizations.BY_NAME["PDL weight prefetch"], optimizations.BY_NAME["programmatic dependent launch"]
+    assert pf.is_on(s) and pf.switch_off(s) == Schedule.from_id("idx-m8n64k64-w4-s8-c1-sk8-pd1")
+    assert pdl.switch_off(s) == Schedule.from_id("idx-m8n64k64-w4-s8-c1-sk8")  # the prefetch goes off with it
+    assert set(optimizations.ablations(s)) >= {"PDL weight prefetch", "programmatic dependent launch"}
+    for bad in ("idx-m8n64k64-w4-s8-c1-pf1", "idx-m64n128k64-w8-s4-c1-wgmma-ps1-pd1-pf1",
+                "idx-m8n64k64-w4-s8-c1-pd1-pf1-stk1"):
+        with pytest.raises(ValueError, match="pdl_prefetch=1 .* needs pdl=1, persistent=0 and stream_k=0"):
+            Schedule.from_id(bad)
+    on = jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1-pd1-pf1"))
+    assert "static constexpr bool kPdlPrefetch = true;" in on
+    assert "static constexpr bool kPdlPrefetch = false;" in jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1-pd1"))
+
+
 def test_render_passes_pdl_to_the_kernel_template():
     on = jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1-pd1"))
     off = jit.render(Schedule.from_id("gmsk-m8n128k64-w4-s8-c1"))
@@ -55,8 +72,6 @@ def test_launch_structures_match_cuda_h():
 
 
 def test_cuda_h_enum_value_of_the_compiler_s_toolkit():
-    import re
-
     text = Path(_toolkit_file("cuda.h")).read_text()
     m = re.search(r"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION\s*=\s*(\d+)", text)
     assert m and int(m.group(1)) == jit._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -106,14 +121,17 @@ def test_a_failed_pdl_launch_names_it(tmp_path, monkeypatch):
         k.launch((1, 1, 1), (128, 1, 1), b"", 0, 0, pdl=True)
 
 
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+([^;]*);")
+
+
 def _sass(schedule_id: str, cache, monkeypatch) -> list[str]:
     monkeypatch.setenv("CHORD_CACHE_DIR", str(cache))
     res = jit.build_schedule(Schedule.from_id(schedule_id), 8)
     _toolkit_file("cuobjdump")  # fails, naming it, when there is none
     proc = jit.run_cuobjdump(res.cubin)
     assert proc.returncode == 0, f"cuobjdump --dump-sass failed: {proc.stderr[:300]}"
-    out = proc.stdout
-    return [ln.split(";")[0].split("*/")[-1].strip() for ln in out.splitlines() if "/*0" in ln and ";" in ln]
+    # every instruction line: "/*<address>*/  <instruction> ;  /* <encoding> */" (any address width)
+    return [m.group(1).strip() for m in map(_INSTRUCTION.match, proc.stdout.splitlines()) if m]
 
 
 def test_sass_waits_for_the_previous_grid_before_the_first_global_load(tmp_path, monkeypatch):
@@ -124,3 +142,22 @@ def test_sass_waits_for_the_previous_grid_before_the_first_global_load(tmp_path,
     assert waits and waits[0] < first_global
     assert any(ins.startswith("PREEXIT") for ins in on)  # griddepcontrol.launch_dependents
     assert not any(ins.startswith(("ACQBULK", "PREEXIT")) for ins in off)
+
+
+@pytest.mark.parametrize("schedule_id", ["idx-m8n64k64-w4-s8-c1-pd1-pf1", "gmsk-m8n256k64-w4-s6-c1-sk2-pd1-pf1",
+                                         "gcon-m16n64k64-w4-s3-c1-pd1-pf1"])
+def test_sass_prefetch_before_the_wait_touches_only_weights_and_relaxed_routing_reads(schedule_id, tmp_path,
+                                                                                      monkeypatch):
+    """pf1: before griddepcontrol.wait the kernel asks L2 for weights (UBLKPF: cp.async.bulk.prefetch.L2)
+    and reads the routing only with relaxed GPU-scope loads (LDG.E.STRONG.GPU, never cached in L1),
+    and writes nothing; pd1 alone has no prefetch."""
+    on = _sass(schedule_id, tmp_path, monkeypatch)
+    off = _sass(schedule_id.replace("-pf1", ""), tmp_path, monkeypatch)
+    wait = next(i for i, ins in enumerate(on) if ins.startswith("ACQBULK"))
+    before = [ins.split()[1] if ins.startswith("@") else ins.split()[0] for ins in on[:wait]]
+    assert "UBLKPF.L2" in before, schedule_id
+    memory = [op for op in before if op.startswith(("LD", "ST", "RED", "ATOM", "UBLK", "UTMA", "CCTL"))
+              and not op.startswith(("LDC", "LDS", "STS"))]
+    assert memory and all(op == "UBLKPF.L2" or (op.startswith("LDG.E") and ".STRONG.GPU" in op) for op in memory), \
+        sorted(set(memory))
+    assert not any("UBLKPF" in ins for ins in off)

@@ -38,6 +38,21 @@ def test_a_knob_goes_only_where_it_applies(tmp_path):
     assert any(r["why"].startswith("variant (fold=1,") for r in rules)
 
 
+def test_a_knob_may_require_one_set_before_it(tmp_path):
+    """pdl_prefetch applies only with pdl=1: set after it, every rule gets both; alone, no rule
+    changes and each rule says why."""
+    both, alone = tmp_path / "both.json", tmp_path / "alone.json"
+    assert cli.main(["variant", "--set", "pdl=1", "--set", "pdl_prefetch=1", "--out", str(both)]) == 0
+    var = load_profile_file(str(both)).all_schedules()
+    assert var and all(s.pdl == 1 and s.pdl_prefetch == 1 for s in var)
+    assert cli.main(["variant", "--set", "pdl_prefetch=1", "--out", str(alone)]) == 0
+    assert (sorted(s.id for s in load_profile_file(str(alone)).all_schedules())
+            == sorted(s.id for s in load_profile_file("h200").all_schedules()))
+    rules = [r for d in json.loads(alone.read_text())["deployments"].values() for rs in d["families"].values()
+             for r in rs]
+    assert rules and all("pdl_prefetch does not apply here" in r["why"] for r in rules)
+
+
 @pytest.mark.parametrize("item,match", [("pdl=2", "must be one of 0, 1"), ("nope=1", "expected <knob>=<value>"),
                                         ("block_n=128", "tile shape knob"), ("pdl", "expected <knob>=<value>")])
 def test_bad_sets_are_refused_by_name(item, match, tmp_path, capsys):

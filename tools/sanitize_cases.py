@@ -1,7 +1,7 @@
 """The cases `tools/sanitize.sh` runs under compute-sanitizer (memcheck, racecheck, synccheck).
 
 Every family x main loop (mma, mma with the producer warp, wgmma multistage, wgmma with the producer warp, split-K,
-n_tiles, unswapped, bulk weight copies, the TMA activation box, CTA pairs) over: ordinary routing, tok_e 0 (no rows), single-row experts, M = 1,
+n_tiles, unswapped, bulk weight copies, the TMA activation box, CTA pairs, the PDL weight prefetch) over: ordinary routing, tok_e 0 (no rows), single-row experts, M = 1,
 over-allocated buffers, -1 blocks, and trusted bad routing values (contiguous offsets past the
 input, masked counts past max_rows, indexed ids past the sentinel and unknown experts). Each
 case proves its kernel ran: rows the routing names must have been written (no NaN left) and
@@ -61,7 +61,10 @@ def schedules(family: str, quick: bool) -> list[Schedule]:
     if not quick:
         out += [Schedule(family, 32, 128, 8, 3, 1, mainloop="wgmma", producer=1),
                 Schedule(family, 8, 64, 4, 3, 1, split_k=2), Schedule(family, 16, 64, 4, 3, 1, n_tiles=2),
-                Schedule(family, 16, 128, 4, 3, 1, swap=0), Schedule(family, 8, 128, 4, 3, 1, producer=1)]
+                Schedule(family, 16, 128, 4, 3, 1, swap=0), Schedule(family, 8, 128, 4, 3, 1, producer=1),
+                # the weight prefetch before the PDL wait guesses from the (here bad) routing values
+                Schedule(family, 8, 64, 4, 3, 1, split_k=2, pdl=1, pdl_prefetch=1),
+                Schedule(family, 32, 128, 8, 3, 1, mainloop="wgmma", raster=2, pdl=1, pdl_prefetch=1)]
         out += [Schedule.from_id(i) for i in BULK_AND_PAIRS[family]]
     return out
 

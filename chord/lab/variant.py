@@ -4,6 +4,7 @@ The "knob on everywhere" side of an A/B that `chord tune` cannot time (it times 
 such as programmatic dependent launch, whose gain is between the calls of a layer::
 
     chord variant --set pdl=1 --out h200-pdl.json [--profile h200]
+    chord variant --set pdl=1 --set pdl_prefetch=1 --out h200-pdl-pf.json
     chord bench --profile h200-pdl.json --humming-dir /tmp/humming ...
     chord precompile --profile h200-pdl.json --out pdl.tar.xz
 
@@ -51,7 +52,10 @@ def variant(profile: str, sets: dict) -> dict:
     for dep in data["deployments"].values():
         for rules in dep["families"].values():
             for rule in rules:
-                on = {k: v for k, v in sets.items() if applies(rule, k)}
+                on = {}
+                for k, v in sets.items():  # in order: a knob may require one set before it (pdl_prefetch, pdl)
+                    if applies({**rule, **on}, k):
+                        on[k] = v
                 rule.update(on)
                 note = ", ".join(f"{k}={v}" for k, v in on.items()) or "none"
                 skipped = "".join(f"; {k} does not apply here" for k in sets if k not in on)

@@ -138,6 +138,28 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// Loads that may run before griddep_wait, while the previous grid may still be writing the word:
+// relaxed at GPU scope, so they are served by L2 and never leave a line in L1 that a load after the
+// wait could hit (an L1 line is not refreshed by the wait). The value is a guess; only what is read
+// after the wait may decide a result.
+__device__ __forceinline__ int32_t ld_relaxed_gpu(const int32_t* a) {
+  int32_t v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ int64_t ld_relaxed_gpu(const int64_t* a) {
+  int64_t v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(a) : "memory");
+  return v;
+}
+
+// The SM count of the device (%nsmid).
+__device__ __forceinline__ uint32_t num_sms() {
+  uint32_t n;
+  asm("mov.u32 %0, %%nsmid;\n" : "=r"(n));
+  return n;
+}
+
 // ---- misc ------------------------------------------------------------------------------------
 
 // Zeroes a register accumulator of any [A][B][C] shape (both main loops' fragments), unrolled.

@@ -54,6 +54,12 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaDescriptor* m
       : "memory");
 }
 
+// Asks the copy engine to bring `bytes` bytes at global `src` into L2 (16-byte aligned, a multiple of
+// 16): no destination, no completion to wait for, and no fault or effect on any value (a hint).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // Brings the tensor map into the copy engine's descriptor cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

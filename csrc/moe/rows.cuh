@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "../common/params.cuh"
+#include "../common/ptx.cuh"
 
 namespace chord {
 
@@ -46,22 +47,29 @@ __device__ __forceinline__ TileCoords tile_at(int lin, int X, int Y) {
 // CTA's rank) are the tiles of an X x Y / CLUSTER_N grid in the same order, each covering
 // CLUSTER_N neighbouring N blocks of one token tile: the hardware starts a cluster's CTAs
 // together (on SMs of one GPC), so the pair reads the tile's token rows at the same time.
+// tile_coords_of: the same for the CTA at (bx, by) of the launched grid (moe/prefetch.cuh asks it
+// for the CTAs after this one).
 template <int RASTER, int CLUSTER_N = 1>
-__device__ __forceinline__ TileCoords tile_coords() {
+__device__ __forceinline__ TileCoords tile_coords_of(unsigned bx, unsigned by) {
   if constexpr (CLUSTER_N > 1) {
-    const int rank = static_cast<int>(blockIdx.y % CLUSTER_N);
-    const int y = static_cast<int>(blockIdx.y / CLUSTER_N), Y = static_cast<int>(gridDim.y / CLUSTER_N);
-    TileCoords c = RASTER <= 0 ? TileCoords{static_cast<int>(blockIdx.x), y}
-                               : tile_at<RASTER>(y * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x),
+    const int rank = static_cast<int>(by % CLUSTER_N);
+    const int y = static_cast<int>(by / CLUSTER_N), Y = static_cast<int>(gridDim.y / CLUSTER_N);
+    TileCoords c = RASTER <= 0 ? TileCoords{static_cast<int>(bx), y}
+                               : tile_at<RASTER>(y * static_cast<int>(gridDim.x) + static_cast<int>(bx),
                                                  static_cast<int>(gridDim.x), Y);
     c.n_block = c.n_block * CLUSTER_N + rank;
     return c;
   } else if constexpr (RASTER <= 0) {
-    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
+    return {static_cast<int>(bx), static_cast<int>(by)};
   } else {
-    return tile_at<RASTER>(static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x), static_cast<int>(gridDim.x),
+    return tile_at<RASTER>(static_cast<int>(by * gridDim.x + bx), static_cast<int>(gridDim.x),
                            static_cast<int>(gridDim.y));
   }
+}
+
+template <int RASTER, int CLUSTER_N = 1>
+__device__ __forceinline__ TileCoords tile_coords() {
+  return tile_coords_of<RASTER, CLUSTER_N>(blockIdx.x, blockIdx.y);
 }
 
 // Indexed tile row r from its sorted id: input row id / top_k, output row id, or -1 for padding
@@ -116,53 +124,73 @@ __device__ __forceinline__ int rows_masked(const GemmParams& p, int m_tile, int6
 
 __device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t rows) { return v < 0 ? 0 : (v > rows ? rows : v); }
 
+// Contiguous: which expert token tile m_tile belongs to (-1: past the last) and its first row, in
+// every lane of the calling warp (all 32 lanes call it, `lane` its lane): the lanes scan the
+// per-expert tile counts 32 experts at a time. RELAXED: the offsets are read with
+// ld_relaxed_gpu (moe/prefetch.cuh's guess before the grid-dependency wait), else plainly.
+struct ContiguousHit {
+  int expert;     // -1: past the last expert's tiles
+  int64_t first;  // the tile's first row
+};
+template <int BT, bool RELAXED = false>
+__device__ __forceinline__ ContiguousHit contiguous_find(const GemmParams& p, int m_tile, int lane) {
+  const int64_t* off = static_cast<const int64_t*>(p.expert_layout);
+  const int E = static_cast<int>(p.num_experts);
+  const int64_t tile = m_tile;
+  int64_t base = 0;
+  int found = -1;
+  int64_t first = 0;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int e = e0 + lane;
+    int64_t lo = 0, cnt = 0;
+    if (e < E) {
+      if constexpr (RELAXED) {
+        lo = clamp_row(ld_relaxed_gpu(off + e), p.rows);
+        cnt = clamp_row(ld_relaxed_gpu(off + e + 1), p.rows) - lo;
+      } else {
+        lo = clamp_row(off[e], p.rows);
+        cnt = clamp_row(off[e + 1], p.rows) - lo;
+      }
+      if (cnt < 0) cnt = 0;
+    }
+    const int64_t tiles = (cnt + BT - 1) / BT;
+    int64_t incl = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, base + incl > tile);
+    if (hit) {
+      const int l = __ffs(hit) - 1;
+      if (lane == l) {
+        found = e;
+        first = lo + (tile - (base + incl - tiles)) * BT;
+      }
+      found = __shfl_sync(0xffffffffu, found, l);
+      first = __shfl_sync(0xffffffffu, first, l);
+      break;
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return {found, first};
+}
+
 // Contiguous: rows of expert e are [off[e], off[e+1]); m_tile enumerates the per-expert tiles in
-// expert order (warp 0 scans the per-expert tile counts; the grid is an upper bound). Whatever
-// the offsets say, only rows [0, p.rows) of x and out are touched: each offset is clamped to
-// [0, rows] and an expert's end to at least its start (bad offsets cost that call's answer,
-// never memory safety; the host check in chord.ops reports them by default).
+// expert order (warp 0 scans the per-expert tile counts, contiguous_find; the grid is an upper
+// bound). Whatever the offsets say, only rows [0, p.rows) of x and out are touched: each offset is
+// clamped to [0, rows] and an expert's end to at least its start (bad offsets cost that call's
+// answer, never memory safety; the host check in chord.ops reports them by default).
 template <int BT>
 __device__ __forceinline__ int rows_contiguous(const GemmParams& p, int m_tile, int64_t* in_row, int64_t* out_row,
                                                int* s_expert, int64_t* s_first) {
   const int64_t* off = static_cast<const int64_t*>(p.expert_layout);
-  const int E = static_cast<int>(p.num_experts);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    const int64_t tile = m_tile;
-    int64_t base = 0;
-    int found = -1;
-    int64_t first = 0;
-    for (int e0 = 0; e0 < E; e0 += 32) {
-      const int e = e0 + lane;
-      int64_t lo = 0, cnt = 0;
-      if (e < E) {
-        lo = clamp_row(off[e], p.rows);
-        cnt = clamp_row(off[e + 1], p.rows) - lo;
-        if (cnt < 0) cnt = 0;
-      }
-      const int64_t tiles = (cnt + BT - 1) / BT;
-      int64_t incl = tiles;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += v;
-      }
-      const unsigned hit = __ballot_sync(0xffffffffu, base + incl > tile);
-      if (hit) {
-        const int l = __ffs(hit) - 1;
-        if (lane == l) {
-          found = e;
-          first = lo + (tile - (base + incl - tiles)) * BT;
-        }
-        found = __shfl_sync(0xffffffffu, found, l);
-        first = __shfl_sync(0xffffffffu, first, l);
-        break;
-      }
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
+    const ContiguousHit hit = contiguous_find<BT>(p, m_tile, lane);
     if (lane == 0) {
-      *s_expert = found;
-      *s_first = first;
+      *s_expert = hit.expert;
+      *s_first = hit.first;
     }
   }
   __syncthreads();

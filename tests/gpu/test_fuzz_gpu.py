@@ -100,6 +100,10 @@ def fuzz_pool(family: str) -> list[Schedule]:
     for s in list(pool.values())[:4]:  # programmatic dependent launch on a few (same kernels otherwise)
         v = override(s, pdl=1)
         pool[v.id] = v
+    # and with the weight prefetch before the wait, on a few that launch one item per CTA
+    for s in [s for s in pool.values() if not s.persistent and not s.stream_k and not s.pdl][:4]:
+        v = override(s, pdl=1, pdl_prefetch=1)
+        pool[v.id] = v
     rng = random.Random(1234 + FAMILIES.index(family))
     sampled = 0
     for _ in range(20000):
