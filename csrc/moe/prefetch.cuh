@@ -57,8 +57,9 @@ struct FirstStagePrefetch {
   // The first ring of the CTA at grid position (bx, by, bz), for expert e: its first N block's
   // kTiles weight tiles at K blocks [kb_begin, kb_begin + min(stages, its K blocks)). Within a
   // tile group (common/params.cuh Swap16Layout) consecutive K blocks of its G tiles are one run,
-  // so a CTA that covers whole groups asks for one run per group; a CTA on part of a group
-  // (BN < 16 G) for one run of its tiles per K block.
+  // so a CTA whose tiles are whole groups asks for one run per group; any other CTA (BN < 16 G, or
+  // BN not a multiple of 16 G, where its tiles may straddle groups) for one run per K block and
+  // piece of a group. Every request lies inside expert e's tiles [t0, t0 + kTiles).
   __device__ __forceinline__ static void prefetch_cta(const GemmParams& p, int e, unsigned bx, unsigned by,
                                                       unsigned bz) {
     const TileCoords tc = tile_coords_of<Cfg::kRaster, Cfg::kClusterN>(bx, by);
@@ -70,20 +71,25 @@ struct FirstStagePrefetch {
     if (kbs <= 0) return;
     const Swap16Layout<kTiles> lay(p, e);
     const int g = lay.group();
-    const int t0 = tc.n_block * Cfg::kNTilesPerCta * kTiles;
+    const int t0 = tc.n_block * Cfg::kNTilesPerCta * kTiles;  // a multiple of kTiles
     const uint8_t* words = reinterpret_cast<const uint8_t*>(p.qweight);
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(p.scales);
-    if (kTiles >= g) {  // whole groups: K blocks kb_begin.. of the group's tiles are contiguous
+    if (kTiles % g == 0) {  // whole groups (t0 is a multiple of g too): K blocks kb_begin.. are one run
       for (int t = 0; t < kTiles; t += g) {
         const int64_t b = lay.block(t0 + t, kb_begin);
         bulk_prefetch_l2(words + b * kWordBytes, static_cast<uint32_t>(kbs * g * kWordBytes));
         bulk_prefetch_l2(scales + b * kScaleBytes, static_cast<uint32_t>(kbs * g * kScaleBytes));
       }
-    } else {  // kTiles consecutive tiles of a group, one run per K block
-      for (int kb = kb_begin; kb < kb_begin + kbs; ++kb) {
-        const int64_t b = lay.block(t0, kb);
-        bulk_prefetch_l2(words + b * kWordBytes, static_cast<uint32_t>(kTiles * kWordBytes));
-        bulk_prefetch_l2(scales + b * kScaleBytes, static_cast<uint32_t>(kTiles * kScaleBytes));
+    } else {
+      for (int t = 0; t < kTiles;) {  // the piece of a group from tile t0 + t on
+        const int left = g - ((t0 + t) & (g - 1));
+        const int run = left < kTiles - t ? left : kTiles - t;
+        for (int kb = kb_begin; kb < kb_begin + kbs; ++kb) {
+          const int64_t b = lay.block(t0 + t, kb);
+          bulk_prefetch_l2(words + b * kWordBytes, static_cast<uint32_t>(run * kWordBytes));
+          bulk_prefetch_l2(scales + b * kScaleBytes, static_cast<uint32_t>(run * kScaleBytes));
+        }
+        t += run;
       }
     }
   }
