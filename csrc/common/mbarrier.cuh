@@ -19,6 +19,24 @@ __device__ __forceinline__ void mbar_fence_init() {
 
 // Arrive (release semantics at CTA scope): this thread's earlier writes are visible to threads
 // that observe the phase completion.
+// A producer/consumer ring's barriers (the producer loops: mma_producer.cuh,
+// wgmma_warp_specialized.cuh): thread 0 sets each slot's `full` barrier to `full_count` arrivals and
+// its `empty` barrier to `empty_count`, then makes the inits visible; the CTA barrier after it
+// orders every thread's first wait behind them.
+template <int STAGES>
+__device__ __forceinline__ void mbar_init_ring(uint64_t (&full)[STAGES], uint64_t (&empty)[STAGES], int full_count,
+                                               int empty_count) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], full_count);
+      mbar_init(&empty[s], empty_count);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");

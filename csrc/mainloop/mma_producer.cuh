@@ -74,15 +74,8 @@ struct MmaProducer {
     const uint32_t smem_base = smem_u32(smem);
     __shared__ __align__(8) uint64_t full[STAGES];
     __shared__ __align__(8) uint64_t empty[STAGES];
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_init(&full[s], 33);                // 32 lanes' cp.async arrivals + lane 0's announcement
-        mbar_init(&empty[s], kMmaWarps * 32);   // every MMA thread
-      }
-      mbar_fence_init();
-    }
-    __syncthreads();
+    // full: 32 lanes' cp.async arrivals + lane 0's announcement; empty: every MMA thread
+    mbar_init_ring(full, empty, 33, kMmaWarps * 32);
 
     if (warp == kMmaWarps) {  // the producer warp
       const uint64_t evict_first = make_evict_first_policy();

@@ -37,25 +37,7 @@ namespace chord {
 // this loop reads bulk_w and tma_x.
 template <class Cfg>
 struct WgmmaMultistage : WgmmaTile<Cfg> {
-  using Tile = WgmmaTile<Cfg>;
-  using Tile::BT;
-  using Tile::BN;
-  using Tile::STAGES;
-  using Tile::WARPS;
-  using Tile::WAIT;
-  using Tile::GS;
-  using Tile::kMmaWarps;
-  using Tile::kNTiles;
-  using Tile::kNTW;
-  using Tile::kXBytes;
-  using Tile::kWBytes;
-  using Tile::kSBytes;
-  using Tile::kStageBytes;
-  using typename Tile::Acc;
-  using Tile::fence_acc;
-  using Tile::k_loop;
-  using Tile::mma_block;
-  using Tile::retire;
+  CHORD_WGMMA_TILE_NAMES;
   static constexpr bool BULK_W = Cfg::kBulkW;
   static constexpr bool TMA_X = Cfg::kTmaX;
   static_assert(BULK_W == 0 || (BN % 128 == 0 && Swap16Layout<BN / 16>::kFixed),

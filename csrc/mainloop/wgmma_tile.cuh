@@ -46,6 +46,29 @@ namespace chord {
 
 // Cfg: the schedule's configuration struct (chord.jit.render_config); the tile reads block_m,
 // block_n, stages, wgmma_wait, warps and group_steps.
+// What a main loop built on WgmmaTile<Cfg> (a dependent base, whose members unqualified lookup
+// does not find) names unqualified: one list for both wgmma loops.
+#define CHORD_WGMMA_TILE_NAMES \
+  using Tile = WgmmaTile<Cfg>; \
+  using Tile::BT; \
+  using Tile::BN; \
+  using Tile::STAGES; \
+  using Tile::WARPS; \
+  using Tile::WAIT; \
+  using Tile::GS; \
+  using Tile::kMmaWarps; \
+  using Tile::kNTiles; \
+  using Tile::kNTW; \
+  using Tile::kXBytes; \
+  using Tile::kWBytes; \
+  using Tile::kSBytes; \
+  using Tile::kStageBytes; \
+  using typename Tile::Acc; \
+  using Tile::fence_acc; \
+  using Tile::k_loop; \
+  using Tile::mma_block; \
+  using Tile::retire
+
 template <class Cfg>
 struct WgmmaTile {
   static constexpr int BT = Cfg::kBlockM;

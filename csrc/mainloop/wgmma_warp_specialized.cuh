@@ -24,25 +24,7 @@ namespace chord {
 // knobs (producer = 1 selects it).
 template <class Cfg>
 struct WgmmaWarpSpecialized : WgmmaTile<Cfg> {
-  using Tile = WgmmaTile<Cfg>;
-  using Tile::BT;
-  using Tile::BN;
-  using Tile::STAGES;
-  using Tile::WARPS;
-  using Tile::WAIT;
-  using Tile::GS;
-  using Tile::kMmaWarps;
-  using Tile::kNTiles;
-  using Tile::kNTW;
-  using Tile::kXBytes;
-  using Tile::kWBytes;
-  using Tile::kSBytes;
-  using Tile::kStageBytes;
-  using typename Tile::Acc;
-  using Tile::fence_acc;
-  using Tile::k_loop;
-  using Tile::mma_block;
-  using Tile::retire;
+  CHORD_WGMMA_TILE_NAMES;
   using Tile::kEpilogueThreads;
   static constexpr int kThreads = kMmaWarps * 32 + 128;
   // The producer warpgroup gives registers to the consumers (setmaxnreg). The CTA
@@ -121,15 +103,8 @@ struct WgmmaWarpSpecialized : WgmmaTile<Cfg> {
 
     __shared__ __align__(8) uint64_t full[STAGES];
     __shared__ __align__(8) uint64_t empty[STAGES];
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_init(&full[s], 128);         // the producer warpgroup's threads
-        mbar_init(&empty[s], kMmaWarps * 32);  // every consumer thread arrives
-      }
-      mbar_fence_init();
-    }
-    __syncthreads();
+    // full: the producer warpgroup's threads; empty: every consumer thread arrives
+    mbar_init_ring(full, empty, 128, kMmaWarps * 32);
     if (warp >= kMmaWarps) {  // producer warpgroup
       setmaxnreg_dec<kProducerRegs>();
       using Producers = std::integral_constant<int, 128>;
