@@ -89,7 +89,7 @@ def _split(act_type, x):
 @pytest.mark.parametrize("name", sorted(VLLM_ACTIVATIONS))
 def test_expression_matches_the_activation_formula(name):
     act_type, impl, formula = VLLM_ACTIVATIONS[name]
-    x = torch.randn(64, 96) * 6
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(sorted(VLLM_ACTIVATIONS).index(name))) * 6
     a, b = _split(act_type, x)
     got = _cexpr.evaluate(impl, a, b if act_type != "unary" else None)
     torch.testing.assert_close(got, formula(a, b), rtol=1e-5, atol=1e-5)
@@ -265,14 +265,19 @@ def test_rendered_source_holds_the_expression_and_a_content_hash_name():
 
 @pytest.mark.parametrize("narrow", [False, True])
 def test_kernels_wait_for_the_gemm_before_any_global_access_and_pdl_is_a_switch(narrow):
-    """Both kernels begin with the grid-dependency wait and trigger (no-ops in a plain launch);
+    """The rendered kernel is one call of csrc/activation/elementwise.cuh's act_narrow / act_wide,
+    and both begin with the grid-dependency wait and then the trigger (no-ops in a plain launch);
     CHORD_ACTIVATION_PDL (off by default) makes the launch a programmatic one."""
-    from chord import _env
+    from chord import _env, jit
 
     src, name = activation.render("binary_split", "a * b", narrow)
     body = src[src.index(f"void {name}("):]
-    assert body.split("{", 1)[1].lstrip().startswith("chord_grid_dependency();")
-    helper = src[src.index("void chord_grid_dependency()"):]
+    part = "act_narrow" if narrow else "act_wide"
+    assert body.split("{", 1)[1].strip().startswith(f"chord::act::{part}<ChordAct>(p);")
+    header = (jit.csrc_dir() / "activation" / "elementwise.cuh").read_text()
+    for fn in ("act_narrow", "act_wide"):
+        assert header.split(f"void {fn}(", 1)[1].split("{", 1)[1].lstrip().startswith("grid_dependency();"), fn
+    helper = header[header.index("void grid_dependency()"):]
     assert helper.index("griddepcontrol.wait") < helper.index("griddepcontrol.launch_dependents")
     assert activation._pdl() is False
     with _env.override(CHORD_ACTIVATION_PDL=True):
