@@ -21,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("chord/data/results", "results")
 INDEX = ROOT / "results" / "index.json"
-NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(h200)-(.+)\.(json|md|txt)$")
+NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(h200|h100)-(.+)\.(json|md|txt)$")
 
+GPUS = {"h200": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}  # the name's <gpu>, for files that record none
 KINDS = (  # (substring of the name, kind, what)
     ("capture-nsys", "capture", "`chord profile --tool nsys` summary: GPU time per NVTX range and per kernel"),
     ("capture", "capture", "`chord profile --tool torch` summary: GPU time per NVTX range and per kernel"),
@@ -77,7 +78,7 @@ def entry(path: Path) -> dict:
     if meta.get("humming_live") is not None and kind == "suite run":
         what += "; Humming 0.1.20 " + ("run live on the same GPU" if meta["humming_live"] else "from the committed file")
     return {"file": str(path.relative_to(ROOT)), "date": m.group(1), "commit": meta.get("commit"),
-            "gpu": meta.get("gpu") or "NVIDIA H200", "kind": kind, "what": what,
+            "gpu": meta.get("gpu") or GPUS[m.group(2)], "kind": kind, "what": what,
             "shipped": path.parent == ROOT / FOLDERS[0]}
 
 
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with results/index.json instead of writing it")
     a = ap.parse_args(argv)
-    about = ("Recorded result files of Chord's H200 runs. `commit`: the measured tree as the file records it "
+    about = ("Recorded result files of Chord's H200 (and H100) runs. `commit`: the measured tree as the file records it "
              "(+dirty: with uncommitted changes; null: the file records none), `added_in`: the commit that added "
              "the file, `shipped`: in the wheel (chord/data/results, what the notebooks and the workbench read).")
     if a.check:
