@@ -85,3 +85,24 @@ def test_notebooks_keep_their_header_when_jupyterlab_saves_them():
         for cell in nb.cells:
             cell.metadata.update(scrolled=True, jupyter={"source_hidden": False}, execution={})
         assert jupytext.writes(nb, fmt="py:percent", config=config) == text, path.name
+
+
+def test_recorded_results_name_no_folder_of_the_machine_that_wrote_them():
+    """Result files are committed and shared: a suite is named by its path in the package, the
+    upstream install by its path under --humming-dir (chord.lab.bench.suite.recorded_path)."""
+    import re
+
+    home = re.compile(r"(?<![\w.])/(?:work|root|home|tmp)/[\w.-]+/")
+    bad = [p.relative_to(ROOT).as_posix() for folder in ("results", "chord/data/results")
+           for p in sorted((ROOT / folder).rglob("*")) if p.is_file() and p.suffix in (".json", ".txt", ".md")
+           and home.search(p.read_text(errors="replace"))]
+    assert not bad, f"result files naming a machine's folder: {bad}"
+
+
+def test_recorded_path_is_relative_to_the_package_or_the_base(tmp_path):
+    from chord.lab.bench.suite import SUITES_DIR, recorded_path
+
+    assert recorded_path(SUITES_DIR / "kimi_k2_h200.json") == "chord/lab/bench/suites/kimi_k2_h200.json"
+    (tmp_path / "humming").mkdir()
+    assert recorded_path(tmp_path / "humming" / "__init__.py", tmp_path) == "humming/__init__.py"
+    assert recorded_path("/elsewhere/suite.json") == "/elsewhere/suite.json"

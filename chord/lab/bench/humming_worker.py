@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from chord.lab.bench import inputs as I
     from chord.lab.bench import timing
-    from chord.lab.bench.suite import load_suite, scenarios_by_weights
+    from chord.lab.bench.suite import load_suite, recorded_path, scenarios_by_weights
 
     dev = torch.device(args.device)
     on_gpu = dev.type == "cuda"
@@ -180,10 +180,10 @@ def run(args: argparse.Namespace) -> dict:
     except ImportError:  # pragma: no cover
         triton_version = None
     meta = {
-        "provider": PROVIDER, "humming_file": str(Path(humming.__file__).resolve()),
+        "provider": PROVIDER, "humming_file": recorded_path(humming.__file__, args.humming_dir),
         "humming_version": str(getattr(humming, "__version__", "unknown")), "torch": torch.__version__,
         "triton": triton_version, "gpu": gpu, "num_sms": num_sms, "python": platform.python_version(),
-        "suite": suite.path, "seed": args.seed, "codes": args.codes, "tuning_rows": args.tuning_rows,
+        "suite": recorded_path(suite.path), "seed": args.seed, "codes": args.codes, "tuning_rows": args.tuning_rows,
         "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "started": _now(),
         "how": "compressed-tensors pack-quantized -> humming schema -> prepare_and_transform_humming_tensors "
                "(N pad 256, K pad 128) -> get_heuristics_config tables; valid_shape_m = M*top_k; "

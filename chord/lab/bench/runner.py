@@ -42,7 +42,8 @@ from chord.lab.bench import floors as F
 from chord.lab.bench import humming_baseline as HB
 from chord.lab.bench import inputs as I
 from chord.lab.bench import report, timing
-from chord.lab.bench.suite import DEFAULT_BASELINE, Scenario, cpu_scenarios, load_suite, scenarios_by_weights
+from chord.lab.bench.suite import (DEFAULT_BASELINE, Scenario, cpu_scenarios, load_suite, recorded_path,
+                                   scenarios_by_weights)
 
 PROVIDER_CHORD = "chord"
 PROVIDER_HUMMING = HB.PROVIDER
@@ -445,7 +446,7 @@ def run_gpu(opts: BenchOptions, out: TextIO | None = None) -> dict:
     ceilings = C.measure()
     log(f"ceilings: copy {ceilings.copy_TB_per_s:.3f} TB/s, bf16 matmul {ceilings.bf16_matmul_TFLOP_per_s:.1f} TFLOP/s "
         f"({ceilings.source})")
-    meta = {"suite": suite.path, "suite_name": suite.name, **common, "ceilings": ceilings.as_dict(),
+    meta = {"suite": recorded_path(suite.path), "suite_name": suite.name, **common, "ceilings": ceilings.as_dict(),
             "torch": torch.__version__, "warmup_ms": opts.warmup_ms, "rep_ms": opts.rep_ms, "codes": opts.codes,
             "quick": opts.quick, "profile_file": opts.profile_file,
             "timing": "triton.testing.do_bench median (p20/p80), L2 flushed (256 MB) before every call"

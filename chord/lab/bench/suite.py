@@ -204,6 +204,18 @@ def scenario_from_dict(d: dict, top_k: int) -> Scenario:
     return Scenario(**kw)
 
 
+def recorded_path(path: str | Path, base: str | Path | None = None) -> str:
+    """How a result file names a file it read: one inside the chord package by its path from the
+    package's parent (``chord/lab/bench/suites/x.json``), one under ``base`` by its path relative
+    to ``base``, anything else as given. Result files are shared and committed: the folders of the
+    machine that wrote them stay out."""
+    p = Path(path).resolve()
+    for root in (SUITES_DIR.parents[3], Path(base).resolve() if base is not None else None):
+        if root is not None and p.is_relative_to(root):
+            return p.relative_to(root).as_posix()
+    return str(path)
+
+
 def load_suite(path: str | Path | None = None) -> Suite:
     """Load a suite JSON (default: the packaged Kimi K2 / H200 suite)."""
     p = Path(path) if path is not None else DEFAULT_SUITE
