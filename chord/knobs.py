@@ -92,8 +92,10 @@ KNOBS: tuple[Knob, ...] = (
          "1 = warp-specialized: producer warps fill the ring and publish each stage on an mbarrier, the MMA warps "
          "wait only for data and hand each slot back on another (mma: one producer warp moving a stage's weights "
          "and scales with the copy engine, cp.async.bulk of 4 KB + 512 B per 128 features, and its activation "
-         "rows with cp.async; wgmma: a producer warpgroup of cp.async copies that gives its registers to the "
-         "consumers); 0 = every thread copies and a CTA barrier per K block publishes a stage", off=0),
+         "rows with cp.async; wgmma: a producer warpgroup that gives its registers to the consumers, its thread 0 "
+         "moving the weights and scales with the copy engine where block_n is a multiple of 128 and its 128 "
+         "threads gathering the activation rows with cp.async that arrive on the slot's mbarrier as they land); "
+         "0 = every thread copies and a CTA barrier per K block publishes a stage", off=0),
     Knob("group_steps", "gs", 4, (1, 2, 4), "kGroupSteps",
          "wgmma: k16 steps per committed wgmma group (4: one group per K block; 1-2: 4/GS groups per block, "
          "two register sets of GS steps, for tiles whose accumulators leave no room for four steps)",

@@ -148,6 +148,30 @@ struct WgmmaTile {
     }
   }
 
+  // The activation half of a stage's copy plan, for a thread `t` of `NTHREADS` copying threads:
+  // its 16-byte chunks c = t + it * NTHREADS (row c / 8 of the tile, chunk c % 8 of the row's
+  // 64-wide K block) get their sources at K block 0 of `xbase` (rows[r] < 0, a padding row: skip
+  // 1, zero-filled), and all share the destination offset x_dst(t) + it * NTHREADS * 16 (the
+  // 128-byte XOR swizzle's phase repeats every 8 rows, NTHREADS % 64 == 0). Computed once per
+  // tile; each K block only advances the sources by kKBlock.
+  template <int NTHREADS>
+  static constexpr int kXIters = (BT * 8 + NTHREADS - 1) / NTHREADS;
+  template <int NTHREADS>
+  __device__ __forceinline__ static void aim_x(const int64_t* __restrict__ rows, const __nv_bfloat16* xbase,
+                                               int64_t k, int t, const __nv_bfloat16* (&xsrc)[kXIters<NTHREADS>],
+                                               uint32_t (&xskip)[kXIters<NTHREADS>]) {
+    static_assert(NTHREADS % 64 == 0, "wgmma copy plan: a thread's activation chunks share their swizzle phase");
+    constexpr int kChunks = BT * 8;
+#pragma unroll
+    for (int it = 0; it < kXIters<NTHREADS>; ++it) {
+      const int c = t + it * NTHREADS;
+      const int64_t row = (kChunks % NTHREADS == 0 || c < kChunks) ? rows[c / 8] : -1;
+      xsrc[it] = xbase + (row >= 0 ? row * k + (c % 8) * 8 : 0);
+      xskip[it] = row >= 0 ? 0u : 1u;
+    }
+  }
+  __device__ __forceinline__ static uint32_t x_dst(int t) { return (t / 8) * 128 + (((t % 8) ^ ((t / 8) & 7)) * 16); }
+
   // Keeps the compiler from moving accumulator accesses across the wgmma fences and waits.
   __device__ __forceinline__ static void fence_acc(Acc& acc) {
 #pragma unroll

@@ -1,10 +1,16 @@
 // Main loop `wgmma`, warp-specialized (the wgmma tile of wgmma_tile.cuh fed by a producer): an
 // extra warpgroup issues all copies, with its registers handed to the consumers (setmaxnreg 88 /
-// the rest); it publishes a stage on the stage's `full` mbarrier once its cp.async group has
-// landed (wait_group + proxy fence + arrive), and the consumer threads hand the slot back on its
-// `empty` mbarrier (each one arrives) when the wgmma group that read it has retired. Consumers
-// never wait for each other, only for data. The MMAs and their order are those of the multistage
-// loop (bit-identical outputs). One tile per CTA: no N tiles, persistent walk or bulk copies.
+// the rest). Per stage, where the N block is whole tile groups of 8 (BN % 128 == 0), its thread 0
+// announces the weight and scale bytes on the slot's `full` mbarrier and moves them with the copy
+// engine (cp.async.bulk: one 4 KB and one 512-byte run per group); its 128 threads gather the
+// activation rows with 16-byte cp.async copies (other N blocks: the weights and scales too) that
+// arrive on the same barrier when they land (cp.async.mbarrier.arrive.noinc), so the producer
+// never waits for its own copies, only for a free slot. The consumers wait on `full`, make the
+// cp.async bytes visible to the tensor cores (proxy fence) and hand the slot back on its `empty`
+// mbarrier (each thread arrives) when the wgmma group that read it has retired. Consumers never
+// wait for each other, only for data: no CTA barrier in the K loop. The MMAs and their order are
+// those of the multistage loop (bit-identical outputs). One tile per CTA: no N tiles or
+// persistent walk.
 
 #pragma once
 
@@ -15,6 +21,7 @@
 #include "../common/mbarrier.cuh"
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
+#include "../common/tma.cuh"
 #include "../common/wgmma.cuh"
 #include "wgmma_tile.cuh"
 
@@ -40,43 +47,16 @@ struct WgmmaWarpSpecialized : WgmmaTile<Cfg> {
                 "wgmma main loop: the producer warpgroup has no registers to hand over at this tile (BN <= 192)");
   static_assert(kMmaWarps * 32 * (kConsumerRegs - kEntryRegs) <= 128 * (kEntryRegs - kProducerRegs),
                 "wgmma main loop: consumers would take more registers than the producer gives back");
-  // Stages whose copies may still be in flight before the producer publishes the
-  // oldest (<= STAGES - 2, so the producer never waits for a slot it has not published yet).
-  static constexpr int kLag = STAGES - 2;
-
-  // Copies of K block kb (relative to the tile's first block) into ring slot `slot`, shared out
-  // over `nthreads` threads of which this is thread `t`.
-  template <int NTHREADS>
-  __device__ __forceinline__ static void load_stage(const GemmParams& p, const int64_t* __restrict__ in_row,
-                                                    const __nv_bfloat16* xbase, const Swap16Layout<kNTiles>& lay,
-                                                    int t0, int kb0, int t, uint32_t st, int kb) {
-    constexpr int kXChunks = BT * 8, kWChunks = kNTiles * 32, kSChunks = kNTiles * 4;
-    const int K = lay.kb_all * kKBlock;
-#pragma unroll
-    for (int it = 0; it < (kXChunks + NTHREADS - 1) / NTHREADS; ++it) {
-      const int c = t + it * NTHREADS;
-      if (kXChunks % NTHREADS == 0 || c < kXChunks) {
-        const int r = c / 8, ch = c % 8;
-        const int64_t row = in_row[r];
-        const __nv_bfloat16* src = xbase + (row >= 0 ? row * K + kb * kKBlock + ch * 8 : 0);
-        cp_async_16_u32(st + r * 128 + ((ch ^ (r & 7)) * 16), src, row >= 0);
-      }
-    }
-#pragma unroll
-    for (int it = 0; it < (kWChunks + NTHREADS - 1) / NTHREADS; ++it) {
-      const int c = t + it * NTHREADS;
-      if (kWChunks % NTHREADS == 0 || c < kWChunks)
-        cp_async_16_u32(st + kXBytes + c * 16, p.qweight + lay.block(t0 + c / 32, kb0 + kb) * 32 + c % 32, true);
-    }
-#pragma unroll
-    for (int it = 0; it < (kSChunks + NTHREADS - 1) / NTHREADS; ++it) {
-      const int c = t + it * NTHREADS;
-      if (kSChunks % NTHREADS == 0 || c < kSChunks)
-        cp_async_16_u32(st + kXBytes + kWBytes + c * 16,
-                        reinterpret_cast<const uint8_t*>(p.scales + lay.block(t0 + c / 4, kb0 + kb) * 8) + (c % 4) * 16,
-                        true);
-    }
-  }
+  // Weights and scales by the copy engine wherever the N block is whole tile groups of 8
+  // (common/params.cuh Swap16Layout: K block kb of one group is one 4 KB run of swap16 words and
+  // one 512-byte run of scales); else the producer threads' cp.async copies.
+  static constexpr bool kBulkW = BN % 128 == 0 && Swap16Layout<kNTiles>::kFixed;
+  static constexpr int kGroups = BN / 128;
+  static constexpr uint32_t kTxBytes = kBulkW ? kWBytes + kSBytes : 0;
+  static constexpr int kProducers = 128;
+  static constexpr int kXChunks = BT * 8;  // 16-byte activation chunks per stage
+  static constexpr int kXIters = Tile::template kXIters<kProducers>;
+  static constexpr int kWChunks = kNTiles * 32, kSChunks = kNTiles * 4;
 
   // Accumulates K blocks [kb_begin, kb_end) of N block `n_block` and calls epilogue(0, acc) from
   // the consumer warps. The producer warpgroup returns without calling it: the consumers alone run
@@ -94,35 +74,63 @@ struct WgmmaWarpSpecialized : WgmmaTile<Cfg> {
     const uint32_t smem_base = smem_u32(smem);
     Swap16Layout<kNTiles> lay(p, expert);  // persistent: re-aimed at each tile's expert
     const __nv_bfloat16* xbase = p.x + static_cast<int64_t>(kb_begin) * kKBlock;
-    auto load = [&](auto nthreads, int t, int slot, int kb) {
-      load_stage<decltype(nthreads)::value>(p, in_row, xbase, lay, n_block * kNTiles, kb_begin, t,
-                                            smem_base + slot * kStageBytes, kb);
-    };
     zero_acc(acc);
     const uint64_t desc0 = smem_desc_k128(smem_base);
 
     __shared__ __align__(8) uint64_t full[STAGES];
     __shared__ __align__(8) uint64_t empty[STAGES];
-    // full: the producer warpgroup's threads; empty: every consumer thread arrives
-    mbar_init_ring(full, empty, 128, kMmaWarps * 32);
+    // full: the producer threads' cp.async arrivals (+ thread 0's byte announcement for the copy
+    // engine's part); empty: every consumer thread arrives
+    mbar_init_ring(full, empty, kProducers + (kBulkW ? 1 : 0), kMmaWarps * 32);
     if (warp >= kMmaWarps) {  // producer warpgroup
       setmaxnreg_dec<kProducerRegs>();
-      using Producers = std::integral_constant<int, 128>;
       const int t = tid - kMmaWarps * 32;
+      // The copy plan is fixed for the tile (WgmmaTile::aim_x): each K block only advances the sources.
+      const __nv_bfloat16* xsrc[kXIters];
+      uint32_t xskip[kXIters];
+      const uint32_t xdst = Tile::x_dst(t);
+      Tile::template aim_x<kProducers>(in_row, xbase, p.k, t, xsrc, xskip);
+      const int t0 = n_block * kNTiles;
       for (int kb = 0; kb < KB; ++kb) {
         const int slot = kb % STAGES;
         if (kb >= STAGES) mbar_wait(&empty[slot], ((kb / STAGES) - 1) & 1);
-        load(Producers{}, t, slot, kb);
-        cp_async_commit();
-        if (kb >= kLag) {  // the group of block kb - kLag has landed: publish it
-          cp_async_wait<kLag>();
-          fence_proxy_async_shared();
-          mbar_arrive(&full[(kb - kLag) % STAGES]);
+        const uint32_t st = smem_base + slot * kStageBytes;
+        if constexpr (kBulkW) {
+          if (t == 0) {
+            const uint32_t bar = smem_u32(&full[slot]);
+            mbar_arrive_expect_tx(&full[slot], kTxBytes);
+#pragma unroll
+            for (int j = 0; j < kGroups; ++j) {
+              const int64_t b = lay.block(t0 + 8 * j, kb_begin + kb);
+              bulk_copy_g2s(st + kXBytes + j * 4096, p.qweight + b * 32, 4096, bar);
+              bulk_copy_g2s(st + kXBytes + kWBytes + j * 512, p.scales + b * 8, 512, bar);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int it = 0; it < (kWChunks + kProducers - 1) / kProducers; ++it) {
+            const int c = t + it * kProducers;
+            if (kWChunks % kProducers == 0 || c < kWChunks)
+              cp_async_16_u32(st + kXBytes + c * 16, p.qweight + lay.block(t0 + c / 32, kb_begin + kb) * 32 + c % 32,
+                              true);
+          }
+          if (t < kSChunks)
+            cp_async_16_u32(st + kXBytes + kWBytes + t * 16,
+                            reinterpret_cast<const uint8_t*>(p.scales + lay.block(t0 + t / 4, kb_begin + kb) * 8) +
+                                (t % 4) * 16,
+                            true);
         }
+#pragma unroll
+        for (int it = 0; it < kXIters; ++it) {
+          if (kXChunks % kProducers == 0 || t + it * kProducers < kXChunks)
+            cp_async_16_zfill(st + xdst + it * kProducers * 16, xsrc[it], xskip[it]);
+          xsrc[it] += kKBlock;
+        }
+        // this thread's copies of the stage arrive on `full` when they land (no wait here: the
+        // producer goes on to the next slot at once)
+        cp_async_mbar_arrive_noinc(&full[slot]);
       }
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      for (int kb = KB > kLag ? KB - kLag : 0; kb < KB; ++kb) mbar_arrive(&full[kb % STAGES]);
+      cp_async_wait<0>();  // this warpgroup's copies have landed before it leaves
       return;
     } else {  // consumer warps
       setmaxnreg_inc<kConsumerRegs>();
@@ -130,6 +138,7 @@ struct WgmmaWarpSpecialized : WgmmaTile<Cfg> {
       k_loop(KB, [&](int kb, auto& a, auto drain) {
         const int slot = kb % STAGES;
         mbar_wait(&full[slot], (kb / STAGES) & 1);
+        fence_proxy_async_shared();  // the producer's cp.async writes -> the tensor cores' async proxy
         mma_block(smem, desc0, slot, warp, lane, a, acc);
         retire(kb, KB, drain);
         // groups <= kb - WAIT have retired: their slots go back to the producer. Every thread
