@@ -54,7 +54,9 @@ RASTERS = (0, 4, 8)
 # (producer, CTAs per SM) of the wgmma candidates. The warp-specialized producer (producer=1) is
 # not a candidate: it timed 1.5-2.0x slower than the multistage loop at every prefill point of the
 # tuning runs of 2026-12-01 (e.g. ep8-prefill-tok512 gate_up m192n128 s4: 4467 vs 2305 us), so it
-# only cost tuning time; `chord.optimizations` keeps it as a knob for its ablation.
+# only cost tuning time; `chord.optimizations` keeps it as a knob for its ablation. Its second form
+# (copy-engine weights, arriving gathers; docs/optimizations.md) is not timed yet: add (1, 1) here
+# once its A/B on the H200 says it pays.
 PRODUCER_CTAS = ((0, 1), (0, 2))
 # (block_n, warps, group_steps) of the wgmma candidates: one 16-feature weight tile per warp
 # (block_n 128 / 256 on 8 / 16 warps, one wgmma group per K block) and the wide warp tiles, 2 or 4

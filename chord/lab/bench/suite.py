@@ -206,8 +206,8 @@ def scenario_from_dict(d: dict, top_k: int) -> Scenario:
 
 def recorded_path(path: str | Path, base: str | Path | None = None) -> str:
     """How a result file names a file it read: one inside the chord package by its path from the
-    package's parent (e.g. the packaged EP8 suite: ``chord/lab/bench/suites/kimi_k2_h200.json``), one under ``base`` by its path relative
-    to ``base``, anything else as given. Result files are shared and committed: the folders of the
+    package's parent (e.g. the packaged EP8 suite: ``chord/lab/bench/suites/kimi_k2_h200.json``),
+    one under ``base`` by its path relative to ``base``, anything else as given. Result files are shared and committed: the folders of the
     machine that wrote them stay out."""
     p = Path(path).resolve()
     for root in (SUITES_DIR.parents[3], Path(base).resolve() if base is not None else None):
