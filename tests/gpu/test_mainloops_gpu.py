@@ -398,3 +398,27 @@ def test_mma_producer_grouped_families(family):
         check_contiguous(s, 1)
     else:
         check_masked(s, 13)
+
+
+# --- the wgmma producer loop's second form (producer=1 where block_n % 128 == 0: copy-engine weights
+# and scales, gathers on the slot's mbarrier; csrc/mainloop/wgmma.cuh): each schedule docs/optimizations.md
+# times against its multistage twin, on the float32 reference and bit for bit against producer=0 ---
+
+WS_WIDE = ["idx-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8", "idx-m64n512k64-w8-s5-c1-wgmma-ws1-gs2-r8",
+           "gcon-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8", "idx-m128n256k64-w8-s5-c1-wgmma-ws1-gs2-r8",
+           "idx-m128n256k64-w8-s6-c1-wgmma-ws1-gs2-r8", "gcon-m128n256k64-w8-s5-c1-wgmma-ws1-gs2-r8",
+           "gcon-m256n128k64-w8-s4-c1-wgmma-ws1-r2-cn2", "idx-m32n512k64-w8-s8-c1-wgmma-ws1-gs1-cn2",
+           "idx-m32n512k64-w8-s8-c1-wgmma-ws1-gs1", "idx-m96n256k64-w8-s5-c1-wgmma-ws1-gs2-r8",
+           "idx-m256n128k64-w8-s5-c1-wgmma-ws1-r8", "idx-m256n128k64-w8-s4-c1-wgmma-ws1"]
+
+
+@pytest.mark.parametrize("sid", WS_WIDE)
+def test_wgmma_producer_second_form_matches_the_multistage_loop(sid):
+    s = Schedule.from_id(sid)
+    assert s.producer == 1 and s.mainloop == "wgmma" and s.block_n % 128 == 0, sid
+    if s.family == "grouped_contiguous":
+        check_contiguous(s, 1)
+        s = override(s, family="indexed")
+    for k in (704, 2048):  # 11 (odd, fewer than the ring in places) and 32 K blocks
+        out, run_other = check_indexed(s, 1024, k)
+        assert same_bits(run_other(override(s, producer=0)), out), (sid, k)
