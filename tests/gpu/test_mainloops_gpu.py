@@ -401,8 +401,9 @@ def test_mma_producer_grouped_families(family):
 
 
 # --- the wgmma producer loop's second form (producer=1 where block_n % 128 == 0: copy-engine weights
-# and scales, gathers on the slot's mbarrier; csrc/mainloop/wgmma.cuh): each schedule docs/optimizations.md
-# times against its multistage twin, on the float32 reference and bit for bit against producer=0 ---
+# and scales, gathers on the slot's mbarrier; csrc/mainloop/wgmma_warp_specialized.cuh): each ws1 schedule
+# docs/optimizations.md times against its multistage twin, on the indexed family against the float32
+# reference and bit for bit against producer=0; contiguous ids also on their own family (reference only) ---
 
 WS_WIDE = ["idx-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8", "idx-m64n512k64-w8-s5-c1-wgmma-ws1-gs2-r8",
            "gcon-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8", "idx-m128n256k64-w8-s5-c1-wgmma-ws1-gs2-r8",
@@ -419,6 +420,6 @@ def test_wgmma_producer_second_form_matches_the_multistage_loop(sid):
     if s.family == "grouped_contiguous":
         check_contiguous(s, 1)
         s = override(s, family="indexed")
-    for k in (704, 2048):  # 11 (odd, fewer than the ring in places) and 32 K blocks
+    for k in (704, 2048):  # 11 (odd) and 32 K blocks: past every ring here (4-8 stages)
         out, run_other = check_indexed(s, 1024, k)
         assert same_bits(run_other(override(s, producer=0)), out), (sid, k)
