@@ -124,6 +124,11 @@ KNOBS: tuple[Knob, ...] = (
          "wgmma multistage, grouped families: 1 = the stage's block_m x 64 activation box in one TMA copy "
          "(cp.async.bulk.tensor through a tensor map of x), 0 = every thread's 16-byte cp.async copies",
          off=0, requires=(("mainloop", "wgmma"),)),
+    Knob("l2_hint", "l2", 0, (0, 1, 2), "kL2Hint",
+         "wgmma multistage, the threads' cp.async copies: 1 = the activation rows read with an evict-last L2 "
+         "policy and the weights and scales evict-first, 2 = the activation rows evict-last and the weights "
+         "without a hint (a gathered token row is read again by each expert it is routed to, in every N "
+         "block, and the weights stream past it), 0 = no L2 hint", off=0, requires=(("mainloop", "wgmma"),)),
     Knob("cluster_n", "cn", 1, (1, 2), "kClusterN",
          "2 = CTA pairs: the kernel is launched in clusters of two CTAs that take neighbouring N blocks of one "
          "token tile, so the hardware runs the pair at the same time on one GPC and its token rows are read "
@@ -304,6 +309,10 @@ class Schedule:
                 raise ValueError(f"{name}=1 needs mainloop wgmma with producer=0 and persistent=0 (the multistage ring, "
                                  f"one item per CTA), got mainloop={self.mainloop}, producer={self.producer}, "
                                  f"persistent={self.persistent}")
+        if self.l2_hint and (not wg or self.producer or self.bulk_w or self.tma_x):
+            raise ValueError(f"l2_hint={self.l2_hint} hints the multistage wgmma loop's cp.async copies, so it needs "
+                             f"mainloop wgmma with producer=0, bulk_w=0 and tma_x=0, got mainloop={self.mainloop}, "
+                             f"producer={self.producer}, bulk_w={self.bulk_w}, tma_x={self.tma_x}")
         if self.bulk_w and self.block_n % 128:
             raise ValueError(f"bulk_w=1 copies whole groups of 8 weight tiles (128 features), so it needs block_n a "
                              f"multiple of 128, got block_n={self.block_n}")

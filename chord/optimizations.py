@@ -69,7 +69,8 @@ class Optimization:
                             producer=KNOB["producer"].default, group_steps=KNOB["group_steps"].default,
                             persistent=KNOB["persistent"].default, queue=KNOB["queue"].default,
                             bulk_w=KNOB["bulk_w"].default,
-                            tma_x=KNOB["tma_x"].default, block_m=min(schedule.block_m, 128))
+                            tma_x=KNOB["tma_x"].default, l2_hint=KNOB["l2_hint"].default,
+                            block_m=min(schedule.block_m, 128))
         if self.knob == "persistent":  # the work queue hands persistent CTAs their items: off with them
             return override(schedule, persistent=off, queue=KNOB["queue"].default)
         if self.knob == "pdl":  # the prefetch before the wait needs the PDL launch: off with it
@@ -137,6 +138,12 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "box is one cp.async.bulk.tensor through a tensor map of x, written with the 128-byte swizzle "
                  "the wgmma descriptor reads; off: block_m / 32 16-byte cp.async per thread of 8 warps (same bits)",
                  "knob", "tma_x", IMPLEMENTED, "05_grouped_contiguous_masked"),
+    Optimization("L2 policies for gathered rows",
+                 "wgmma multistage: the activation rows are copied with an evict-last L2 policy (l2_hint 1: and the "
+                 "weights and scales evict-first; 2: weights without a hint), so a token row gathered again by the "
+                 "next expert it is routed to, or by the next N block, is still in L2 while the weights stream "
+                 "past; off: no hint (same bits)",
+                 "knob", "l2_hint", IMPLEMENTED, "04_wave_aware_bn"),
     Optimization("CTA pairs",
                  "the kernel is launched in clusters of two CTAs on neighbouring N blocks of one token tile (a "
                  "compile-time cluster shape; the raster walks the pairs), so the hardware starts both at once on "

@@ -31,7 +31,7 @@ masked, each count clamped to [0, max_rows].
     python tools/sanitize_cases.py [--quick | --bulk-and-pairs | --trusted]
     python tools/sanitize_cases.py --list    # the schedules and cases, on any machine (no GPU)
 
-``--bulk-and-pairs`` runs only the bulk-copy / TMA / CTA-pair variants (BULK_AND_PAIRS);
+``--bulk-and-pairs`` runs only the bulk-copy / TMA / CTA-pair / L2-policy variants (BULK_AND_PAIRS);
 ``--trusted`` only the trusted-path cases.
 """
 from __future__ import annotations
@@ -69,10 +69,11 @@ def schedules(family: str, quick: bool) -> list[Schedule]:
     return out
 
 
-# the bulk-copy and CTA-pair variants (bulk_w, tma_x, cluster_n), the profile's own among them;
-# N = 256 gives the pairs their even count of 128-feature blocks
+# the bulk-copy, CTA-pair and L2-policy variants (bulk_w, tma_x, cluster_n, l2_hint), the
+# profile's own among them; N = 256 gives the pairs their even count of 128-feature blocks
 BULK_AND_PAIRS = {
-    "indexed": ("idx-m40n128k64-w8-s4-c1-wgmma-bw1", "idx-m32n128k64-w8-s8-c1-wgmma-cn2", "idx-m16n128k64-w4-s3-c1-cn2"),
+    "indexed": ("idx-m40n128k64-w8-s4-c1-wgmma-bw1", "idx-m32n128k64-w8-s8-c1-wgmma-cn2", "idx-m16n128k64-w4-s3-c1-cn2",
+                "idx-m40n128k64-w8-s4-c1-wgmma-l21"),
     "grouped_contiguous": ("gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2", "gcon-m40n128k64-w8-s4-c1-wgmma-bw1-tx1"),
     "grouped_masked": ("gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2", "gmsk-m32n128k64-w8-s8-c1-wgmma-cn2"),
 }

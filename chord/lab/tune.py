@@ -70,6 +70,11 @@ SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that wal
 # 256-row tiles and with pairs on 32-row wide tiles, neutral to slower on 32-128-row tiles with TMA.
 PAIR_RASTER = 8
 TMA_X_MIN_BLOCK_M = 192
+# L2 policies (l2_hint 1 and 2) are tried on the raster-8 wgmma candidates of the indexed family,
+# whose tiles gather token rows that the next expert a token is routed to reads again (TP8 m4096
+# gate_up read 1.24x its floor's bytes in ncu, docs/optimizations.md "L2 policies"); the grouped
+# families read each row once per N block, which the raster already keeps in L2.
+L2_HINTS = (1, 2)
 N_TILES = (2, 4)  # n_tiles candidates at short K
 
 
@@ -145,14 +150,17 @@ def _or_none(make, *args, **kw):
 
 
 def _pair_and_tma_variants(family: str, n: int, rows_per_expert: float, s: Schedule) -> list[Schedule]:
-    """A raster-8 wgmma multistage candidate as CTA pairs (an even N-block count), with the TMA
-    activation box where the family's rows are consecutive and the tile is tall, and (tall tiles,
-    an expert with 2+ tiles) at the raster of one expert's tiles."""
+    """A raster-8 wgmma multistage candidate as CTA pairs (an even N-block count), with L2
+    policies for the indexed family's gathered rows, with the TMA activation box where the
+    family's rows are consecutive and the tile is tall, and (tall tiles, an expert with 2+ tiles)
+    at the raster of one expert's tiles."""
     if s.mainloop != "wgmma" or s.producer or s.raster != PAIR_RASTER:
         return []
     pairs = pairs_fit(n, s.block_n_cta)
     tall = family != "indexed" and s.block_m >= TMA_X_MIN_BLOCK_M
     knobs = [{"cluster_n": 2}] if pairs else []
+    if family == "indexed":
+        knobs += [{"l2_hint": v} for v in L2_HINTS]
     if tall:
         knobs += [{"tma_x": 1}] + ([{"tma_x": 1, "cluster_n": 2}] if pairs else [])
     per_expert = -(-int(math.ceil(rows_per_expert)) // s.block_m)

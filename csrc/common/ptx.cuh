@@ -54,6 +54,37 @@ __device__ __forceinline__ void cp_async_16_stream_u32(uint32_t dst, const void*
 #endif
 }
 
+// The activation copies of the wgmma multistage loop with an L2 policy (knob l2_hint): the
+// gather's zero-fill form and the scale copy's predicated form of the two copies above, each
+// carrying a 64-bit cache policy (make_evict_last_policy, make_evict_first_policy); without it
+// under CHORD_NO_L2_HINT.
+__device__ __forceinline__ void cp_async_16_zfill_hint(uint32_t dst, const void* gmem, uint32_t skip,
+                                                       uint64_t policy) {
+#ifdef CHORD_NO_L2_HINT
+  (void)policy;
+  cp_async_16_zfill(dst, gmem, skip);
+#else
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, p, %3;\n}\n" ::"r"(dst),
+      "l"(gmem), "r"(skip), "l"(policy)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_16_if_hint(uint32_t dst, const void* gmem, bool pred, uint64_t policy) {
+#ifdef CHORD_NO_L2_HINT
+  (void)policy;
+  cp_async_16_if(dst, gmem, pred);
+#else
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " @p cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %3;\n}\n" ::"r"(dst),
+      "l"(gmem), "r"(static_cast<uint32_t>(pred)), "l"(policy)
+      : "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -64,6 +95,19 @@ __device__ __forceinline__ uint64_t make_evict_first_policy() {
 #else
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+#endif
+}
+
+// Lines read with this policy are the last an L2 set gives up: for bytes read again later in
+// the kernel (the indexed family's gathered token rows, read once per expert the token is routed
+// to and per N block).
+__device__ __forceinline__ uint64_t make_evict_last_policy() {
+#ifdef CHORD_NO_L2_HINT
+  return 0;  // unused: the copies carry no hint
+#else
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 #endif
 }

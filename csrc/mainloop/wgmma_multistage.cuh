@@ -13,10 +13,13 @@
 // every thread waits on after the stage's CTA barrier; the barrier still orders the refill of
 // a slot after the wgmma groups that read it. Same bytes in shared memory, same MMAs: the
 // outputs are bit-identical to BULK_W = TMA_X = 0.
-
-#pragma once
-
-#include <cstdint>
+//
+// L2 policies (L2_HINT, the thread copies only): 1 = the activation rows are read evict-last
+// and the swap16 words and scales evict-first, 2 = the activation rows evict-last and the
+// weights without a hint, 0 = no hint. An indexed tile gathers its token rows, and a token
+// routed to 8 experts has its row read by 8 experts' tiles in every N block, spread over the
+// grid's waves: with the weights (each tile read by one raster group) leaving L2 first, those
+// rows are still there when the next expert reads them. Same bytes, same MMAs: bit-identical.
 
 #pragma once
 
@@ -34,12 +37,14 @@
 namespace chord {
 
 // Cfg: the schedule's configuration struct (chord.jit.render_config); besides the tile's knobs
-// this loop reads bulk_w and tma_x.
+// this loop reads bulk_w, tma_x and l2_hint.
 template <class Cfg>
 struct WgmmaMultistage : WgmmaTile<Cfg> {
   CHORD_WGMMA_TILE_NAMES;
   static constexpr bool BULK_W = Cfg::kBulkW;
   static constexpr bool TMA_X = Cfg::kTmaX;
+  static constexpr int L2_HINT = Cfg::kL2Hint;
+  static_assert(L2_HINT == 0 || (!BULK_W && !TMA_X), "wgmma main loop: L2_HINT hints the threads' cp.async copies");
   static_assert(BULK_W == 0 || (BN % 128 == 0 && Swap16Layout<BN / 16>::kFixed),
                 "wgmma main loop: BULK_W needs whole tile groups of 8 (BN % 128 == 0, the default tile group cap)");
   static constexpr int kThreads = kMmaWarps * 32;
@@ -123,6 +128,11 @@ struct WgmmaMultistage : WgmmaTile<Cfg> {
              (has_scale ? (tid % 4) * 16 : 0);
     };
     aim(0);
+    // L2_HINT: the policies, made once (a 64-bit register each; chord.jit rebuilds a kernel
+    // without hints where ptxas put one in an odd uniform register)
+    uint64_t x_policy = 0, w_policy = 0;
+    if constexpr (L2_HINT != 0) x_policy = make_evict_last_policy();
+    if constexpr (L2_HINT == 1) w_policy = make_evict_first_policy();
     // Bulk copies: one mbarrier per slot, initialized by thread 0, which alone arrives on it
     // and issues the copies (the other threads first wait on it after the first K block's
     // barrier); bk_tile / bk_kb: the tile and K block of thread 0's next bulk stage.
@@ -190,18 +200,31 @@ struct WgmmaMultistage : WgmmaTile<Cfg> {
       if constexpr (!kTmaX) {
 #pragma unroll
         for (int it = 0; it < kXIters; ++it) {
-          if (kXChunks % kThreads == 0 || tid + it * kThreads < kXChunks)
-            cp_async_16_zfill(st + xdst + it * kThreads * 16, xsrc[it], xskip[it]);
+          if (kXChunks % kThreads == 0 || tid + it * kThreads < kXChunks) {
+            if constexpr (L2_HINT != 0) {
+              cp_async_16_zfill_hint(st + xdst + it * kThreads * 16, xsrc[it], xskip[it], x_policy);
+            } else {
+              cp_async_16_zfill(st + xdst + it * kThreads * 16, xsrc[it], xskip[it]);
+            }
+          }
           xsrc[it] += kKBlock;
         }
       }
       if constexpr (!kBulkW) {
 #pragma unroll
         for (int i = 0; i < kNTW; ++i) {
-          cp_async_16_u32(st + kXBytes + (tid + i * kThreads) * 16, wsrc[i], true);
+          if constexpr (L2_HINT == 1) {
+            cp_async_16_stream_u32(st + kXBytes + (tid + i * kThreads) * 16, wsrc[i], w_policy);
+          } else {
+            cp_async_16_u32(st + kXBytes + (tid + i * kThreads) * 16, wsrc[i], true);
+          }
           wsrc[i] += wstep;
         }
-        cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
+        if constexpr (L2_HINT == 1) {
+          cp_async_16_if_hint(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale, w_policy);
+        } else {
+          cp_async_16_if(st + kXBytes + kWBytes + tid * 16, ssrc, has_scale);
+        }
         ssrc += sstep;
       }
       load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;

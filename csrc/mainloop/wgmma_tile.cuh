@@ -14,10 +14,12 @@
 // K block of a token row is one 128-byte row with the 128-byte swizzle, exactly the XOR swizzle
 // the cp.async gather writes.
 //
-// Weights are loaded without an L2 eviction hint: at prefill a weight tile is read by every token
-// tile of its raster group, so it should stay in L2. (With the hint, ptxas 13.0 put the 64-bit
-// policy of the BN=64 kernels in an odd uniform register, which faulted as an illegal
-// instruction on the H200.)
+// By default the copies carry no L2 eviction hint: at prefill a weight tile is read by every
+// token tile of its raster group, so it should stay in L2. The multistage loop's l2_hint knob
+// reads the activation rows evict-last (and, at 1, the weights evict-first) where tokens are
+// gathered by many experts. (With a hint, ptxas 13.0 once put the 64-bit policy of the BN=64
+// kernels in an odd uniform register, which faulted as an illegal instruction on the H200;
+// chord.jit reads every built kernel's SASS for that and rebuilds it without hints.)
 //
 // Pipeline: a STAGES-deep cp.async ring of [activations | swap16 words | scales] per 64-wide K
 // block. Per K block a warp reads its words and scales and issues 4 / GS wgmma groups: each

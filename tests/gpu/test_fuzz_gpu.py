@@ -81,8 +81,8 @@ def fuzz_pool(family: str) -> list[Schedule]:
                 pool[dq.id] = dq
             except ValueError:  # its epilogue tile after the ring does not fit
                 pass
-            # the same tile with each bulk copy and as CTA pairs (where the knob applies)
-            for kw in ({"bulk_w": 1}, {"tma_x": 1}, {"bulk_w": 1, "tma_x": 1}, {"cluster_n": 2}):
+            # the same tile with each bulk copy, as CTA pairs and with L2 policies (where the knob applies)
+            for kw in ({"bulk_w": 1}, {"tma_x": 1}, {"bulk_w": 1, "tma_x": 1}, {"cluster_n": 2}, {"l2_hint": 1}):
                 try:
                     v = override(s, **kw)
                 except ValueError:
