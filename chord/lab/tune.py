@@ -55,8 +55,10 @@ RASTERS = (0, 4, 8)
 # not a candidate: it timed 1.5-2.0x slower than the multistage loop at every prefill point of the
 # tuning runs of 2026-12-01 (e.g. ep8-prefill-tok512 gate_up m192n128 s4: 4467 vs 2305 us), so it
 # only cost tuning time; `chord.optimizations` keeps it as a knob for its ablation. Its second form
-# (copy-engine weights, arriving gathers; docs/optimizations.md) is not timed yet: add (1, 1) here
-# once its A/B on the H200 says it pays.
+# (copy-engine weights, arriving gathers; docs/optimizations.md) was not faster than its
+# multistage twin beyond the run-to-run spread on any of 12 twins in the A/B of 2026-12-07 (H100,
+# results/2026-12-07-h100-ab4fdde-timing-l2-ws1-ab.json: 0.91x on the 64-token tiles, 0.96x on
+# TP8 m1024, 0.97-1.02x elsewhere), so it is not a candidate either.
 PRODUCER_CTAS = ((0, 1), (0, 2))
 # (block_n, warps, group_steps) of the wgmma candidates: one 16-feature weight tile per warp
 # (block_n 128 / 256 on 8 / 16 warps, one wgmma group per K block) and the wide warp tiles, 2 or 4
@@ -70,11 +72,13 @@ SHORT_K_BLOCKS = 8  # at most this many 64-wide K blocks: also try CTAs that wal
 # 256-row tiles and with pairs on 32-row wide tiles, neutral to slower on 32-128-row tiles with TMA.
 PAIR_RASTER = 8
 TMA_X_MIN_BLOCK_M = 192
-# L2 policies (l2_hint 1 and 2) are tried on the raster-8 wgmma candidates of the indexed family,
-# whose tiles gather token rows that the next expert a token is routed to reads again (TP8 m4096
-# gate_up read 1.24x its floor's bytes in ncu, docs/optimizations.md "L2 policies"); the grouped
-# families read each row once per N block, which the raster already keeps in L2.
-L2_HINTS = (1, 2)
+# L2 policies are tried on the raster-8 wgmma candidates of the indexed family, whose tiles
+# gather token rows that the next expert a token is routed to reads again; the grouped families
+# read each row once per N block, which the raster already keeps in L2. Only l2_hint 1: in the
+# A/B of 2026-12-07 (H100, results/2026-12-07-h100-ab4fdde-timing-l2-ws1-ab.json) it was 3.5 %
+# faster on ep8-prefill tok128 gate_up and 1-4 % slower on TP8 m4096 / m16384, while l2_hint 2
+# was never faster (0.955-0.995x), so 2 only cost tuning time.
+L2_HINTS = (1,)
 N_TILES = (2, 4)  # n_tiles candidates at short K
 
 

@@ -89,28 +89,27 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ uint64_t make_evict_first_policy() {
+// An L2 cache policy for the hinted copies: every line they read gets the eviction priority
+// evict_first (EVICT_LAST false: bytes read once, such as streamed weights) or evict_last (bytes
+// read again later in the kernel, such as the indexed family's gathered token rows, read once
+// per expert the token is routed to and per N block).
+template <bool EVICT_LAST>
+__device__ __forceinline__ uint64_t make_l2_policy() {
 #ifdef CHORD_NO_L2_HINT
   return 0;  // unused: the copies carry no hint
 #else
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  if constexpr (EVICT_LAST) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  }
   return policy;
 #endif
 }
 
-// Lines read with this policy are the last an L2 set gives up: for bytes read again later in
-// the kernel (the indexed family's gathered token rows, read once per expert the token is routed
-// to and per N block).
-__device__ __forceinline__ uint64_t make_evict_last_policy() {
-#ifdef CHORD_NO_L2_HINT
-  return 0;  // unused: the copies carry no hint
-#else
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-#endif
-}
+__device__ __forceinline__ uint64_t make_evict_first_policy() { return make_l2_policy<false>(); }
+__device__ __forceinline__ uint64_t make_evict_last_policy() { return make_l2_policy<true>(); }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
