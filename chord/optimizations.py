@@ -140,9 +140,9 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "knob", "tma_x", IMPLEMENTED, "05_grouped_contiguous_masked"),
     Optimization("L2 policies for gathered rows",
                  "wgmma multistage: the activation rows are copied with an evict-last L2 policy (l2_hint 1: and the "
-                 "weights and scales evict-first; 2: weights without a hint), so a token row gathered again by the "
-                 "next expert it is routed to, or by the next N block, is still in L2 while the weights stream "
-                 "past; off: no hint (same bits)",
+                 "weights and scales evict-first; 2: weights without a hint), asking L2 to keep a token row that "
+                 "the next expert it is routed to, or the next N block, gathers again while the weights stream "
+                 "past (measured: no time gained, docs/optimizations.md); off: no hint (same bits)",
                  "knob", "l2_hint", IMPLEMENTED, "04_wave_aware_bn"),
     Optimization("CTA pairs",
                  "the kernel is launched in clusters of two CTAs on neighbouring N blocks of one token tile (a "

@@ -327,6 +327,22 @@ def test_bulk_copy_and_cta_pair_knobs():
     assert _fit_schedule("indexed", knobs, 192).id == "idx-m64n64k64-w4-s4-c1-wgmma-gs2"  # 3 blocks of 64
 
 
+def test_l2_hint_knob():
+    s = Schedule.from_id("idx-m96n256k64-w8-s5-c1-wgmma-gs2-r8-l21")
+    assert s.l2_hint == 1 and Schedule.from_id(s.id) == s
+    assert s.smem_bytes == Schedule.from_id("idx-m96n256k64-w8-s5-c1-wgmma-gs2-r8").smem_bytes  # same ring
+    assert Schedule.from_id("gmsk-m48n128k64-w8-s4-c1-wgmma-r4-l22").l2_hint == 2  # every family
+    for bad, what in (("idx-m8n128k64-w4-s4-c1-l21", "mainloop=mma"),
+                      ("idx-m64n128k64-w8-s4-c1-wgmma-ws1-l21", "producer=1"),
+                      ("idx-m64n512k64-w8-s4-c1-wgmma-gs2-r8-bw1-l21", "bulk_w=1"),
+                      ("gcon-m256n128k64-w8-s4-c1-wgmma-r8-tx1-l22", "tma_x=1")):
+        with pytest.raises(ValueError, match=f"l2_hint=.* needs mainloop wgmma with producer=0, bulk_w=0 and "
+                                             f"tma_x=0, got .*{what}"):
+            Schedule.from_id(bad)
+    with pytest.raises(ValueError, match="l2_hint must be one of 0, 1, 2, got 3"):
+        Schedule.from_id("idx-m96n256k64-w8-s5-c1-wgmma-gs2-r8-l23")
+
+
 def test_bulk_weights_need_the_default_tile_group():
     from chord import jit
     s = Schedule.from_id("gcon-m256n128k64-w8-s4-c1-wgmma-r8-bw1")

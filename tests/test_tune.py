@@ -47,6 +47,18 @@ def test_pair_and_tma_candidates():
         assert s.cluster_n == 1 or (4096 // s.block_n) % 2 == 0
 
 
+def test_l2_hint_candidates_are_the_indexed_raster_8_tiles():
+    """l2_hint 1 (tune.L2_HINTS) comes on the indexed family's raster-8 wgmma tiles only: the
+    grouped families read each row once per N block."""
+    ind = tune.candidates("indexed", 512, 85.3, k=7168)  # TP8 m4096 gate_up
+    hinted = [s for s in ind if s.l2_hint]
+    assert hinted and all(s.l2_hint in tune.L2_HINTS and s.raster == tune.PAIR_RASTER and s.mainloop == "wgmma"
+                          and not s.producer for s in hinted)
+    assert {dataclasses.replace(s, l2_hint=0).id for s in hinted} <= {s.id for s in ind}  # each beside its twin
+    for fam in ("grouped_contiguous", "grouped_masked"):
+        assert not any(s.l2_hint for s in tune.candidates(fam, 4096, 128.0, k=7168))
+
+
 def test_tune_schedules_cover_defaults_and_candidates():
     from chord.lab.bench.suite import load_suite
 
