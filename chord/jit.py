@@ -177,6 +177,12 @@ class BuildResult:
     log: str
     sha256: str = ""  # of the cubin's bytes as checked (a Kernel loads only bytes with this digest)
 
+    @property
+    def wgmma_serialized(self) -> bool:
+        """ptxas serialized the kernel's wgmma.mma_async for want of registers (its info C7512): each
+        MMA then waits for the one before, which `chord tune` treats like a register spill."""
+        return WGMMA_SERIALIZED in self.log
+
 
 def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) -> BuildResult:
     """Compile `source` to a cubin in the cache (or find it there, checked). Thread/process safe:
@@ -513,6 +519,9 @@ def _obtain(root: Path, sub: str, name: str, companions: Sequence[str], make: Ca
                            f"{again.folder} ({again.reason}): set CHORD_CACHE_DIR to a writable folder with free "
                            "space") from None
         return private / sub / name, made, False
+
+
+WGMMA_SERIALIZED = "(C7512)"  # ptxas: "wgmma.mma_async instructions are serialized due to insufficient register ..."
 
 
 def _parse_ptxas(log: str) -> tuple[int | None, int]:

@@ -34,7 +34,17 @@ def wgmma_operand_regs(block_m: int, ntw: int, group_steps: int) -> int:
     """Accumulator and A-operand registers per thread of a wgmma tile: ntw x block_m/2 fp32
     accumulators and two register sets of group_steps x ntw A fragments (4 registers each)."""
     return ntw * block_m // 2 + 2 * group_steps * ntw * 4
-WGMMA_PRODUCER_REGS = 88  # setmaxnreg of the producer warpgroup (WgmmaWarpSpecialized::kProducerRegs)
+
+
+def wgmma_producer_regs(block_m: int) -> int:
+    """setmaxnreg of the wgmma producer warpgroup (WgmmaWarpSpecialized::kProducerRegs): what its
+    activation copy plan needs (ceil(block_m / 16) row sources per thread), 40 / 48 / 88 registers
+    for block_m <= 64 / <= 128 / larger; the consumers get the rest."""
+    iters = (block_m * 8 + 127) // 128
+    return 40 if iters <= 4 else 48 if iters <= 8 else 88
+
+
+WGMMA_PRODUCER_REGS = wgmma_producer_regs(256)  # the most the producer keeps (token tiles over 128)
 WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)  # wgmma token tiles worth building (N = 8..256)
 
 
@@ -252,7 +262,7 @@ class Schedule:
             raise ValueError(f"producer=1 (setmaxnreg) needs ctas_per_sm=1, got {self.ctas_per_sm}")
         if self.producer:  # setmaxnreg: consumers get what the producer warpgroup gives back
             entry = min(256, 65536 // self.threads // 8 * 8)
-            cap = min(256, (entry + 128 * (entry - WGMMA_PRODUCER_REGS) // (self.warps * 32)) // 8 * 8)
+            cap = min(256, (entry + 128 * (entry - wgmma_producer_regs(self.block_m)) // (self.warps * 32)) // 8 * 8)
             if cap <= entry:
                 raise ValueError(f"producer=1 with block_n={self.block_n}: the producer warpgroup has no registers "
                                  f"to hand over ({self.threads} threads start with {entry}); use block_n <= 192")

@@ -128,10 +128,34 @@ def test_precompile_default_profile(tmp_path, monkeypatch):
     for s, r in zip(schedules, results):
         assert r.cubin.exists() and r.cubin.stat().st_size > 1000, s.id
         assert r.spill_bytes == 0, s.id
+        assert not r.wgmma_serialized, (s.id, "ptxas serialized its wgmmas (C7512)")
         assert r.registers is not None and r.registers <= 255, s.id
     # a second call finds everything in the cache
     again = jit.precompile(schedules, progress=False)
     assert all(r.cached for r in again)
+
+
+@needs_nvcc
+def test_the_wgmma_producer_keeps_few_enough_registers_for_the_consumers(tmp_path, monkeypatch):
+    """The 64-token wide producer tile (4 weight tiles per warp: 128 accumulators and 64 A registers
+    a consumer thread) builds with its wgmmas unserialized and no spill once the producer keeps 40
+    registers (at 88 its consumers got 208 and ptxas serialized them, C7512); the 128- and
+    256-token twins keep 48 and 88 without a spill in the producer."""
+    from chord.knobs import wgmma_producer_regs
+    monkeypatch.setenv("CHORD_CACHE_DIR", str(tmp_path))
+    assert [wgmma_producer_regs(m) for m in (16, 64, 96, 128, 192, 256)] == [40, 40, 48, 48, 88, 88]
+    for sid in ("idx-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8", "idx-m128n256k64-w8-s5-c1-wgmma-ws1-gs2-r8",
+                "idx-m256n128k64-w8-s4-c1-wgmma-ws1"):
+        r = jit.build_schedule(Schedule.from_id(sid))
+        assert r.spill_bytes == 0 and not r.wgmma_serialized, (sid, r.log)
+
+
+def test_a_serialized_wgmma_build_is_seen_in_its_log(tmp_path):
+    r = jit.BuildResult(tmp_path / "k.cubin", False, 168, 0,
+                        "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+                        "serialized due to insufficient register resources for the function 'chord_w4a16_kernel'")
+    assert r.wgmma_serialized
+    assert not jit.BuildResult(tmp_path / "k.cubin", False, 168, 0, "ptxas info    : Used 168 registers").wgmma_serialized
 
 
 @needs_nvcc

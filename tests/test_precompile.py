@@ -142,7 +142,7 @@ def test_builds_packs_and_says_how_to_unpack(tmp_path, capsys, monkeypatch):
 
     def fake_build(scheds, extra, *, jobs=None, progress=True):
         seen.update(n=len(scheds), extra=extra, jobs=jobs, progress=progress)
-        return [types.SimpleNamespace(cubin=cubin, spill_bytes=0)]
+        return [types.SimpleNamespace(cubin=cubin, spill_bytes=0, wgmma_serialized=False)]
 
     monkeypatch.setattr(precompile, "build", fake_build)
     out = tmp_path / "carry" / "device.tar.xz"

@@ -409,11 +409,12 @@ def _precompile(args: argparse.Namespace) -> int:
     t = time.monotonic()
     res = precompile.build(scheds, extra, jobs=args.jobs, progress=not args.quiet)
     spills = sum(1 for r in res if r.spill_bytes)
+    serial = sum(1 for r in res if r.wgmma_serialized)
     what = ", ".join(w for w, on in (("its ablations, policies and notebook tables", args.ablations or args.tests),
                                       ("the GPU tests'", args.tests), (f"{len(args.records)} records", args.records),
                                       (f"{len(tuned)} chord tune candidates", args.tune)) if on)
     print(f"chord precompile: {len(res)} kernels of profile {args.profile}{' with ' + what if what else ''} ready in "
-          f"{jit.cache_dir()} ({time.monotonic() - t:.0f} s, {spills} with register spills)")
+          f"{jit.cache_dir()} ({time.monotonic() - t:.0f} s, {spills} with register spills, {serial} with wgmmas serialized by ptxas)")
     if args.archive:
         n = precompile.pack([r.cubin for r in res], args.archive)
         size = Path(args.archive).stat().st_size / 2**20

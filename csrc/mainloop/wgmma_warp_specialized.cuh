@@ -1,6 +1,6 @@
 // Main loop `wgmma`, warp-specialized (the wgmma tile of wgmma_tile.cuh fed by a producer): an
-// extra warpgroup issues all copies, with its registers handed to the consumers (setmaxnreg 88 /
-// the rest). Per stage, where the N block is whole tile groups of 8 (BN % 128 == 0), its thread 0
+// extra warpgroup issues all copies, with its registers handed to the consumers (setmaxnreg: the
+// producer keeps what its gather needs, 40 / 48 / 88 by token tile, the consumers get the rest). Per stage, where the N block is whole tile groups of 8 (BN % 128 == 0), its thread 0
 // announces the weight and scale bytes on the slot's `full` mbarrier and moves them with the copy
 // engine (cp.async.bulk: one 4 KB and one 512-byte run per group); its 128 threads gather the
 // activation rows with 16-byte cp.async copies (other N blocks: the weights and scales too) that
@@ -37,7 +37,14 @@ struct WgmmaWarpSpecialized : WgmmaTile<Cfg> {
   // The producer warpgroup gives registers to the consumers (setmaxnreg). The CTA
   // starts with kEntryRegs per thread (ptxas' cap for __launch_bounds__(kThreads, 1)); the
   // consumers may take only what the producer gives back, else setmaxnreg.inc would wait forever.
-  static constexpr int kProducerRegs = 88;
+  // The producer keeps what its copy plan needs: kXIters 64-bit row sources and skip flags grow
+  // with the token tile (BT / 16 each). 40 registers hold BT <= 64, 48 BT <= 128 and 88 the rest
+  // with no spill in nvcc 13.0's ptxas. Keeping fewer matters: the consumers of the 64-token wide
+  // tile (NTW 4: 128 accumulators and 64 A registers a thread) got 208 with the producer at 88,
+  // and ptxas serialized their wgmmas for want of registers (its warning C7512); with 40 they get
+  // 232 and no warning. chord.knobs.wgmma_producer_regs says the same for the host's checks.
+  static constexpr int kXItersProducer = (BT * 8 + 127) / 128;
+  static constexpr int kProducerRegs = kXItersProducer <= 4 ? 40 : kXItersProducer <= 8 ? 48 : 88;
   static constexpr int kEntryRegsRaw = 65536 / kThreads / 8 * 8;
   static constexpr int kEntryRegs = kEntryRegsRaw > 256 ? 256 : kEntryRegsRaw;
   static constexpr int kConsumerRegsRaw =
