@@ -303,6 +303,13 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
     if vals["bulk_w"] and bn % 128:  # bulk weight copies move whole groups of 8 weight tiles
         vals["bulk_w"] = 0
     vals.update(block_n=bn, warps=warps)
+    if vals["mainloop"] == "wgmma" and vals["producer"] and bn != knobs.get("block_n", 128):
+        # a wgmma producer rule fitted to a narrower N block: with fewer consumer warps the producer
+        # warpgroup may have no registers to hand over; its multistage twin computes the same bits
+        try:
+            return Schedule(family, **vals)
+        except ValueError:
+            vals["producer"] = 0
     return Schedule(family, **vals)
 
 

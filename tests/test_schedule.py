@@ -193,6 +193,14 @@ def test_wide_warp_tiles():
     fit = _fit_schedule("indexed", dict(block_m=32, block_n=512, warps=8, stages=8, mainloop="wgmma",
                                         group_steps=1), 256)
     assert (fit.block_n, fit.warps, fit.ntw) == (128, 4, 2)
+    # a wgmma producer rule keeps its producer where the N block takes one, and where its narrower
+    # fit has too few consumer warps to take the producer's registers runs the multistage twin
+    ws = dict(block_m=64, block_n=512, warps=8, stages=4, mainloop="wgmma", group_steps=2, raster=8, producer=1)
+    assert _fit_schedule("indexed", ws, 7168).id == "idx-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8"
+    narrow = _fit_schedule("indexed", ws, 256)
+    assert (narrow.block_n, narrow.warps, narrow.producer) == (128, 4, 0)
+    with pytest.raises(ValueError, match="no registers to hand over"):
+        Schedule("indexed", 64, 128, 4, 4, 1, mainloop="wgmma", group_steps=2, producer=1)
     with pytest.raises(ValueError, match="group_steps applies to mainloop wgmma only"):
         Schedule("indexed", 16, 128, 4, 4, 1, group_steps=2)
 

@@ -22,8 +22,10 @@ def test_candidates_are_valid_and_cover_block_m():
     assert {s.raster for s in tune.candidates("indexed", 4096, 256)} == {0, 4, 8}
     # a raster is tried below 64 rows per expert too (tp8-m1024: 21 rows, activations beyond L2)
     assert {s.raster for s in tune.candidates("indexed", 512, 21.3) if s.mainloop == "wgmma"} == {0, 4, 8}
-    # the warp-specialized producer is not a tuning candidate (measured 1.5-2x slower)
-    assert not any(s.producer for s in tune.candidates("grouped_contiguous", 4096, 512))
+    # the wgmma producer loop is a candidate, at 1 CTA per SM (setmaxnreg)
+    ws = [s for s in tune.candidates("grouped_contiguous", 4096, 64) if s.producer]
+    assert ws and all(s.mainloop == "wgmma" and s.ctas_per_sm == 1 for s in ws)
+    assert any(s.id == "gcon-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8" for s in ws)
     wg = [s for s in tune.candidates("indexed", 4096, 32) if s.mainloop == "wgmma"]
     assert {s.ntw for s in wg} == {1, 2, 4} and {s.group_steps for s in wg if s.ntw > 1} == {1, 2}
     assert any(s.block_n == 512 and s.warps == 8 for s in wg)  # the wide tile of ep8-decode-tok32 gate_up

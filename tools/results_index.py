@@ -30,6 +30,7 @@ KINDS = (  # (substring of the name, kind, what)
     ("tuning", "tuning", "`chord tune` points: every candidate schedule's time per suite GEMM"),
     ("policy-heuristic", "suite run", "`chord bench` of the suite under `--policy heuristic`"),
     ("policy-profile", "suite run", "`chord bench` of the suite under `--policy profile` (paired with a heuristic run)"),
+    ("profile-ab", "A/B suite run", "`chord bench` of a few scenarios under two profiles, Humming live (file's own meta)"),
     ("layout-ablation", "A/B timing", "tools/layout_ablation.py: tile-grouped vs tile-major weight layout"),
     ("eager-issue6", "suite run", "`chord bench --no-cuda-graph`: eager calls, host and launch time included"),
     ("timing", "A/B timing", "Chord-only timings of one question (file's own `about`)"),

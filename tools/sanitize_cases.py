@@ -69,12 +69,15 @@ def schedules(family: str, quick: bool) -> list[Schedule]:
     return out
 
 
-# the bulk-copy, CTA-pair and L2-policy variants (bulk_w, tma_x, cluster_n, l2_hint), the
-# profile's own among them; N = 256 gives the pairs their even count of 128-feature blocks
+# the bulk-copy, CTA-pair, L2-policy and wgmma-producer variants (bulk_w, tma_x, cluster_n,
+# l2_hint, producer), the profile's own among them; N = 256 gives the pairs their even count of
+# 128-feature blocks. The producer's two register budgets of the profile's prefill tiles (40 for
+# 64-token tiles, 48 for 128: chord.knobs.wgmma_producer_regs) each have a case.
 BULK_AND_PAIRS = {
     "indexed": ("idx-m40n128k64-w8-s4-c1-wgmma-bw1", "idx-m32n128k64-w8-s8-c1-wgmma-cn2", "idx-m16n128k64-w4-s3-c1-cn2",
-                "idx-m40n128k64-w8-s4-c1-wgmma-l21"),
-    "grouped_contiguous": ("gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2", "gcon-m40n128k64-w8-s4-c1-wgmma-bw1-tx1"),
+                "idx-m40n128k64-w8-s4-c1-wgmma-l21", "idx-m64n128k64-w8-s4-c1-wgmma-ws1-r8"),
+    "grouped_contiguous": ("gcon-m256n128k64-w8-s4-c1-wgmma-r2-tx1-cn2", "gcon-m40n128k64-w8-s4-c1-wgmma-bw1-tx1",
+                           "gcon-m128n128k64-w8-s5-c1-wgmma-ws1-r8"),
     "grouped_masked": ("gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2", "gmsk-m32n128k64-w8-s8-c1-wgmma-cn2"),
 }
 

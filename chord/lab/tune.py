@@ -51,15 +51,16 @@ WGMMA_MIN_ROWS = 8.0  # below this many rows per expert the wgmma tile (64 featu
 # results/2026-12-01-h200-tuning-ccd1a08-tok32-tp8m1024-warm100.json): within the run-to-run
 # spread, so the tune decides.
 RASTERS = (0, 4, 8)
-# (producer, CTAs per SM) of the wgmma candidates. The warp-specialized producer (producer=1) is
-# not a candidate: it timed 1.5-2.0x slower than the multistage loop at every prefill point of the
-# tuning runs of 2026-12-01 (e.g. ep8-prefill-tok512 gate_up m192n128 s4: 4467 vs 2305 us), so it
-# only cost tuning time; `chord.optimizations` keeps it as a knob for its ablation. Its second form
-# (copy-engine weights, arriving gathers; docs/optimizations.md) was not faster than its
-# multistage twin beyond the run-to-run spread on any of 12 twins in the A/B of 2026-12-07 (H100,
-# results/2026-12-07-h100-ab4fdde-timing-l2-ws1-ab.json: 0.91x on the 64-token tiles, 0.96x on
-# TP8 m1024, 0.97-1.02x elsewhere), so it is not a candidate either.
-PRODUCER_CTAS = ((0, 1), (0, 2))
+# (producer, CTAs per SM) of the wgmma candidates. The first form of the warp-specialized producer
+# timed 1.5-2.0x slower than the multistage loop at every prefill point of the tuning runs of
+# 2026-12-01. Its second form (copy-engine weights, arriving gathers; docs/optimizations.md) was
+# 0.91x its multistage twin on the 64-token tiles in the A/B of 2026-12-07 because ptxas had
+# serialized their wgmmas for want of registers; with the producer keeping only what its gather
+# needs (chord.knobs.wgmma_producer_regs) the same A/B gave 1.02-1.06x on the 64- and 128-token
+# tiles and the suite pairs 1.3-4.4 % faster (H100, results/2026-12-07-h100-510523d-ws1-*), so it
+# is a candidate again, at 1 CTA per SM (setmaxnreg needs it). A candidate ptxas serialized is
+# dropped before timing (tune_schedules).
+PRODUCER_CTAS = ((0, 1), (0, 2), (1, 1))
 # (block_n, warps, group_steps) of the wgmma candidates: one 16-feature weight tile per warp
 # (block_n 128 / 256 on 8 / 16 warps, one wgmma group per K block) and the wide warp tiles, 2 or 4
 # weight tiles per warp with one or two k16 steps per group (docs/optimizations.md, "Wide warp
