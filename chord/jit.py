@@ -179,9 +179,10 @@ class BuildResult:
 
     @property
     def wgmma_serialized(self) -> bool:
-        """ptxas serialized the kernel's wgmma.mma_async for want of registers (its info C7512): each
-        MMA then waits for the one before, which `chord tune` treats like a register spill."""
-        return WGMMA_SERIALIZED in self.log
+        """ptxas serialized the kernel's wgmma.mma_async (its infos C7510-C7515, e.g. C7512 for want of
+        registers): each MMA then waits for the one before, which `chord tune` treats like a register
+        spill (and CHORD_PTXAS_CHECK=1 fails the build)."""
+        return _WGMMA_SERIALIZED in self.log
 
 
 def build(source: str, name: str = "kernel", extra_flags: Sequence[str] = ()) -> BuildResult:
@@ -519,9 +520,6 @@ def _obtain(root: Path, sub: str, name: str, companions: Sequence[str], make: Ca
                            f"{again.folder} ({again.reason}): set CHORD_CACHE_DIR to a writable folder with free "
                            "space") from None
         return private / sub / name, made, False
-
-
-WGMMA_SERIALIZED = "(C7512)"  # ptxas: "wgmma.mma_async instructions are serialized due to insufficient register ..."
 
 
 def _parse_ptxas(log: str) -> tuple[int | None, int]:

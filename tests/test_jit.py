@@ -128,7 +128,6 @@ def test_precompile_default_profile(tmp_path, monkeypatch):
     for s, r in zip(schedules, results):
         assert r.cubin.exists() and r.cubin.stat().st_size > 1000, s.id
         assert r.spill_bytes == 0, s.id
-        assert not r.wgmma_serialized, (s.id, "ptxas serialized its wgmmas (C7512)")
         assert r.registers is not None and r.registers <= 255, s.id
     # a second call finds everything in the cache
     again = jit.precompile(schedules, progress=False)
