@@ -82,6 +82,8 @@ def test_render_states_python_facts_for_the_compiler():
         x=0, qweight=0, scales=0, out=0, n=0, k=0, num_experts=0).__len__()
     for name, off in offs.items():
         assert f"offsetof(chord::GemmParams, {name}) == {off}" in src
+    ws = jit.render(Schedule.from_id("idx-m64n512k64-w8-s4-c1-wgmma-ws1-gs2-r8"))
+    assert "WgmmaWarpSpecialized<ChordCfg>::kProducerRegs == 40" in ws and "kProducerRegs" not in src
 
 
 def test_generated_wgmma_header_is_current():
