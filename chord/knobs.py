@@ -44,7 +44,6 @@ def wgmma_producer_regs(block_m: int) -> int:
     return 40 if iters <= 4 else 48 if iters <= 8 else 88
 
 
-WGMMA_PRODUCER_REGS = wgmma_producer_regs(256)  # the most the producer keeps (token tiles over 128)
 WGMMA_BLOCK_MS = (16, 32, 48, 64, 96, 128, 192, 256)  # wgmma token tiles worth building (N = 8..256)
 
 
@@ -264,8 +263,10 @@ class Schedule:
             entry = min(256, 65536 // self.threads // 8 * 8)
             cap = min(256, (entry + 128 * (entry - wgmma_producer_regs(self.block_m)) // (self.warps * 32)) // 8 * 8)
             if cap <= entry:
-                raise ValueError(f"producer=1 with block_n={self.block_n}: the producer warpgroup has no registers "
-                                 f"to hand over ({self.threads} threads start with {entry}); use block_n <= 192")
+                raise ValueError(f"producer=1 with block_n={self.block_n}, warps={self.warps}, block_m={self.block_m}: "
+                                 f"the producer warpgroup has no registers to hand over ({self.threads} threads start "
+                                 f"with {entry}, the producer keeps {wgmma_producer_regs(self.block_m)}); use 8 or "
+                                 f"12 consumer warps")
         else:
             cap = min(255, 65536 // (self.threads * self.ctas_per_sm) // 8 * 8)
         acc = self.ntw * self.block_m // 2

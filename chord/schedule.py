@@ -21,9 +21,9 @@ The names live in three modules, re-exported here: :mod:`chord.knobs` (``KNOBS``
 from __future__ import annotations
 
 from chord.knobs import (FAMILIES, K_BLOCK, KNOB, KNOBS, MAINLOOPS, MAX_SMEM_PER_CTA, WGMMA_BLOCK_MS,
-                         WGMMA_BUILT_OTHER_REGS, WGMMA_OTHER_REGS, WGMMA_PRODUCER_REGS, Knob, Problem, Schedule,
+                         WGMMA_BUILT_OTHER_REGS, WGMMA_OTHER_REGS, Knob, Problem, Schedule,
                          _check_family, _FAMILY_TAG, _ID_RE, _id_part, _parse_id, _TAG_FAMILY, as_dict, override,
-                         pairs_fit, wgmma_operand_regs)
+                         pairs_fit, wgmma_operand_regs, wgmma_producer_regs)
 from chord.profiles import (_ENTRY_FIELDS, EP8_DECODE_MAX_ROWS_PER_EXPERT, Decision, Profile, ProfileFile, Rule,
                             _fit_n_tiles, _fit_schedule, _is_number, _legal_text, _parse_rule, _profile_path,
                             _rule_for, gpu_profile_name, iter_schedules, load_profile, load_profile_file)
@@ -39,8 +39,8 @@ from chord.selection import (_ROW_GRID, BATCH_INVARIANT_ROWS_PER_EXPERT, BUFFERE
 
 __all__ = [
     "FAMILIES", "K_BLOCK", "KNOB", "KNOBS", "MAINLOOPS", "MAX_SMEM_PER_CTA", "WGMMA_BLOCK_MS", "WGMMA_BUILT_OTHER_REGS",
-    "WGMMA_OTHER_REGS", "WGMMA_PRODUCER_REGS", "Knob", "Problem", "Schedule", "as_dict", "override", "pairs_fit",
-    "wgmma_operand_regs",
+    "WGMMA_OTHER_REGS", "Knob", "Problem", "Schedule", "as_dict", "override", "pairs_fit",
+    "wgmma_operand_regs", "wgmma_producer_regs",
     "EP8_DECODE_MAX_ROWS_PER_EXPERT", "Decision", "Profile", "ProfileFile", "Rule", "default_deployment",
     "gpu_profile_name", "iter_schedules", "load_profile", "load_profile_file", "profile_for",
     "BATCH_INVARIANT_ROWS_PER_EXPERT", "BUFFERED_K_ELEMS", "DECODE_STREAM_MIN_K_BLOCKS", "DECODE_STREAM_MIN_N",

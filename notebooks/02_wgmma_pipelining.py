@@ -77,7 +77,7 @@ from chord.schedule import override
 
 def _producer_on(prof, prob):
     s = select(prof, prob, "profile")
-    try:  # the warp-specialized producer needs wgmma, block_n <= 192 and one CTA per SM
+    try:  # the producer loop needs wgmma, consumer warps to take its registers and one CTA per SM
         return override(s, producer=1, ctas_per_sm=1, n_tiles=1) if s.mainloop == "wgmma" else None
     except ValueError:
         return None
