@@ -95,7 +95,8 @@ def render(schedule: "Schedule") -> str:
     producer's registers, so host and device agree.
     """
     s = schedule
-    cluster = "__cluster_dims__(1, ChordCfg::kClusterN, 1) " if s.cluster_n > 1 else ""
+    cluster = ("__cluster_dims__(1, ChordCfg::kClusterN, 1) " if s.cluster_n > 1 else
+               "__cluster_dims__(1, 1, ChordCfg::kSplitK) " if s.split_cluster else "")
     offsets = "".join(
         f"static_assert(offsetof(chord::GemmParams, {name}) == {off}, \"GemmParams.{name}: csrc and chord.jit disagree\");\n"
         for name, off in gemm_params_offsets().items())

@@ -76,6 +76,12 @@ class Knob:
     always: bool = False
     off: object = None
     requires: tuple = ()  # (knob, value) pairs under which this knob applies at all
+    above: tuple = ()  # (knob, value) pairs: it applies only where that knob is above the value
+
+    def applies(self, values) -> bool:
+        """Whether this knob applies to a schedule or profile rule whose knob values `values(name)`
+        gives (its ``requires`` and ``above`` conditions hold)."""
+        return (all(values(k) == v for k, v in self.requires) and all(values(k) > v for k, v in self.above))
 
 
 MAINLOOPS = ("mma", "wgmma")
@@ -92,6 +98,13 @@ KNOBS: tuple[Knob, ...] = (
          "CTAs per SM the register budget is sized for", always=True, off=1),
     Knob("split_k", "sk", 1, (1, 2, 3, 4, 6, 8, 12, 16), "kSplitK",
          "CTAs sharing one output tile along K (fp32 partials, deterministic fix-up)", off=1),
+    Knob("split_cluster", "skc", 0, (0, 1), "kSplitCluster",
+         "split_k > 1: 1 = the split_k CTAs of one output tile are launched as one thread-block cluster (1 x 1 x "
+         "split_k): each leaves its fp32 partial in its own shared memory, and after a cluster barrier each CTA "
+         "sums its share of the tile's 16-byte output chunks from every partial through distributed shared memory "
+         "(in z order: the same bits as 0) and stores them; no workspace, no counter, no global round trip; "
+         "0 = partials meet in a global workspace and the last CTA to arrive (an atomic counter) sums them", off=0,
+         requires=(("producer", 0), ("cluster_n", 1)), above=(("split_k", 1),)),
     Knob("mainloop", "", "mma", MAINLOOPS, "kMainloop",
          "mma: cp.async + mma.sync.m16n8k16; wgmma: cp.async + wgmma.m64nBTk16, weights in registers", off="mma"),
     Knob("wgmma_wait", "wait", 1, (0, 1), "kWgmmaWait",
@@ -304,6 +317,11 @@ class Schedule:
         if self.split_k > 1 and self.stmatrix != KNOB["stmatrix"].default:
             raise ValueError(f"stmatrix applies to unsplit tiles only (split-K tiles stage through the fix-up), got "
                              f"stmatrix={self.stmatrix} with split_k={self.split_k}")
+        if self.split_cluster and (self.split_k not in (2, 3, 4, 6, 8) or self.producer or self.cluster_n != 1):
+            raise ValueError(f"split_cluster=1 launches a tile's split_k CTAs as one cluster of at most 8 (the portable "
+                             f"cluster size) whose every thread meets at cluster barriers, so it needs split_k in 2..8, "
+                             f"producer=0 and cluster_n=1, got split_k={self.split_k}, producer={self.producer}, "
+                             f"cluster_n={self.cluster_n}")
         if self.persistent and (not wg or self.producer or self.split_k != 1):
             raise ValueError(f"persistent=1 needs mainloop wgmma with producer=0 and split_k=1 (the multistage ring "
                              f"walks the CTA's tiles), got mainloop={self.mainloop}, producer={self.producer}, "
@@ -382,6 +400,8 @@ class Schedule:
             stage = -(-stage // 1024) * 1024
             slack = 1024 - 16
         ring = self.stages * stage
+        if self.split_cluster:  # the CTA's fp32 partial, read by its cluster (csrc/moe/epilogue.cuh)
+            epilogue = max(epilogue, self.block_m * self.block_n * 4)
         both = self.n_tiles > 1 or self.persistent or self.stream_k
         return (ring + epilogue if both else max(ring, epilogue)) + slack
 

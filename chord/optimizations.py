@@ -50,7 +50,7 @@ class Optimization:
         """Whether `schedule` uses this optimization (knobs only; a knob that does not apply to the
         schedule's main loop is off)."""
         off = self.off_value
-        if any(getattr(schedule, k) != v for k, v in KNOB[self.knob].requires):
+        if not KNOB[self.knob].applies(lambda k: getattr(schedule, k)):
             return False
         return getattr(schedule, self.knob) != off
 
@@ -73,6 +73,8 @@ class Optimization:
                             block_m=min(schedule.block_m, 128))
         if self.knob == "persistent":  # the work queue hands persistent CTAs their items: off with them
             return override(schedule, persistent=off, queue=KNOB["queue"].default)
+        if self.knob == "split_k":  # one CTA per tile has nothing to sum through a cluster: off with it
+            return override(schedule, split_k=off, split_cluster=KNOB["split_cluster"].default)
         if self.knob == "pdl":  # the prefetch before the wait needs the PDL launch: off with it
             return override(schedule, pdl=off, pdl_prefetch=KNOB["pdl_prefetch"].default)
         if self.knob == "swap":
@@ -109,6 +111,14 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "CTAs share an output tile along K with a deterministic fp32 fix-up (TP8 one token); off: one CTA "
                  "per tile",
                  "knob", "split_k", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("split-K through a cluster",
+                 "the split_k CTAs of one output tile are launched as one 1 x 1 x split_k thread-block cluster: "
+                 "each leaves its fp32 partial in its own shared memory, and after a cluster barrier each sums its "
+                 "share of the tile's 16-byte output chunks from every partial through distributed shared memory "
+                 "(ld.shared::cluster, in z order) and stores them, so no partial, counter or fence goes through "
+                 "L2 (the workspace fix-up's store, fence, atomic and reload are one L2 round trip each on the "
+                 "last CTA's path); off: the workspace fix-up (same bits)",
+                 "knob", "split_cluster", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("multi-tile CTAs",
                  "one CTA walks n_tiles consecutive N blocks of its (expert, token tile) through one ring that keeps "
                  "loading across tile boundaries, so at short K (TP8 down: 4 K blocks) the ring stays full instead "

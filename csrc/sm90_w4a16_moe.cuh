@@ -12,6 +12,8 @@
 //     TileWalker; wgmma multistage ring)
 //   x bulk copies (the wgmma loop's BULK_W / TMA_X; TMA_X kernels take the activations' tensor
 //     map as a second __grid_constant__ parameter)
+//   x split-K through a cluster (SPLIT_CLUSTER: __cluster_dims__(1, 1, SPLIT), the partials summed
+//     through distributed shared memory, moe/epilogue.cuh)
 //   x CTA pairs (CLUSTER_N = 2: the kernel is built with __cluster_dims__(1, 2, 1), and the two
 //     CTAs of a cluster take neighbouring N blocks of one token tile, moe/rows.cuh tile_coords)
 //   x programmatic dependent launch (PDL: launched with programmatic stream serialization, the
@@ -80,6 +82,7 @@ struct MoeKernel {
   static constexpr bool PDL = Cfg::kPdl;
   static constexpr bool PDL_PREFETCH = Cfg::kPdlPrefetch;
   static constexpr bool STREAMK = Cfg::kStreamK;
+  static constexpr bool SPLIT_CLUSTER = Cfg::kSplitCluster;
   using Mainloop = typename MainloopFor<Cfg>::type;
   // PERSISTENT: 0 = one CTA per item; 1 = about one wave walks the items with a static stride;
   // 2 = the same walk with later items claimed from a work queue (moe/rows.cuh TileWalker DYNAMIC)
@@ -88,6 +91,9 @@ struct MoeKernel {
   static_assert(NTILES >= 1, "NTILES >= 1");
   static_assert(NTILES == 1 || SPLIT == 1, "NTILES > 1 needs SPLIT == 1 (split-K tiles are one per CTA)");
   static_assert(!PERSISTENT || SPLIT == 1, "PERSISTENT needs SPLIT == 1 (split-K tiles are one per CTA)");
+  static_assert(!SPLIT_CLUSTER || (SPLIT >= 2 && SPLIT <= 8 && CLUSTER_N == 1 && !STREAMK &&
+                                   Mainloop::kEpilogueThreads == Mainloop::kThreads),
+                "SPLIT_CLUSTER: a 1 x 1 x SPLIT cluster (2-8 CTAs, no pairs) whose every thread runs the epilogue");
   static constexpr int kThreads = Mainloop::kThreads;
   // Dynamic shared memory, plus the slack that aligning the base to Mainloop::kAlign can cost
   // (the dynamic segment itself is 16-byte aligned). One tile per CTA: the pipeline or the
@@ -95,9 +101,11 @@ struct MoeKernel {
   // tile after it (the ring is still loading the next tile while an epilogue runs).
   static constexpr bool kRingAndEpilogue = NTILES > 1 || PERSISTENT || STREAMK;
   static constexpr int kEpiOffset = kRingAndEpilogue ? Mainloop::kSmemBytes : 0;
+  // SPLIT_CLUSTER: the epilogue's shared memory also holds the CTA's fp32 partial tile
+  static constexpr int kEpiBytes = SPLIT_CLUSTER ? MaxOf<EpilogueConfig<BT, BN>::kSmemBytes, BT * BN * 4>::value
+                                                 : EpilogueConfig<BT, BN>::kSmemBytes;
   static constexpr int kSmemBytes =
-      (kRingAndEpilogue ? Mainloop::kSmemBytes + EpilogueConfig<BT, BN>::kSmemBytes
-                  : MaxOf<Mainloop::kSmemBytes, EpilogueConfig<BT, BN>::kSmemBytes>::value) +
+      (kRingAndEpilogue ? Mainloop::kSmemBytes + kEpiBytes : MaxOf<Mainloop::kSmemBytes, kEpiBytes>::value) +
       (Mainloop::kAlign > 128 ? Mainloop::kAlign - 16 : 0);
   static_assert(kEpiOffset % 16 == 0, "the epilogue tile is 16-byte aligned");
 
@@ -197,8 +205,7 @@ struct MoeKernel {
     auto epilogue = [&](int t, const typename Mainloop::Acc& a) {
       constexpr int kEpi = Mainloop::kEpilogueThreads;
       store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads, Mainloop::kSwapped,
-                 STMATRIX>(
-          p, a, tc.n_block * NTILES + t, out_row, smem + kEpiOffset);
+                 STMATRIX, SPLIT_CLUSTER>(p, a, tc.n_block * NTILES + t, out_row, smem + kEpiOffset);
     };
     if constexpr (kTmaX) {
       Mainloop::template run<NTILES>(p, e, tc.n_block * NTILES, in_row, kb_begin, kb_end, smem, acc, epilogue,

@@ -282,6 +282,12 @@ def test_same_arithmetic_and_wave_fill_variants():
     ranked = cost.rank(tune.candidates("indexed", n, sc.rows_per_expert, k=k), prob, 24)
     extra = tune.wave_fill_variants("indexed", prob, ranked)
     assert extra and {s.split_k for s in extra} >= {2, 3, 4} and any(s.stream_k for s in extra)
+    # every split with both fix-ups: the workspace and the cluster's shared memory
+    splits = {(s.block_n, s.warps, s.stages, s.ctas_per_sm, s.fold, s.split_k): set() for s in extra if s.split_k > 1}
+    for s in extra:
+        if s.split_k > 1:
+            splits[(s.block_n, s.warps, s.stages, s.ctas_per_sm, s.fold, s.split_k)].add(s.split_cluster)
+    assert splits and all(v == {0, 1} for v in splits.values())
     assert all(cost.estimate(s, prob).units > 0 and (k // 64) // s.split_k >= 8 for s in extra)
     # a grid of many waves (EP8 down at 32 rows per expert) gets none
     big = Problem("indexed", 48, 7168, 2048, 48 * 32, 1)

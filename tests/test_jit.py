@@ -69,6 +69,15 @@ def test_render_composes_family_mainloop_and_knobs():
     assert "__cluster_dims__" not in jit.render(bulk)
     assert _cfg(jit.render(Schedule.from_id(cl.id + "-pd1")))["kPdl"] == "true"
     assert _cfg(jit.render(Schedule.from_id("idx-m8n128k64-w4-s6-c1-stk1")))["kStreamK"] == "true"
+    # split-K through a cluster: the tile's split_k CTAs are one cluster along z; it needs no
+    # workspace, and its shared memory holds the fp32 partial where that is larger than the ring
+    sc = Schedule.from_id("idx-m8n64k64-w4-s8-c2-sk8-skc1")
+    src = jit.render(sc)
+    assert _cfg(src)["kSplitCluster"] == "true" and _cfg(src)["kSplitK"] == "8"
+    assert "__cluster_dims__(1, 1, ChordCfg::kSplitK) __launch_bounds__" in src
+    assert "__cluster_dims__" not in jit.render(Schedule.from_id("idx-m8n64k64-w4-s8-c2-sk8"))
+    wide = Schedule("indexed", 128, 256, 8, 3, 1, mainloop="wgmma", group_steps=2, split_k=2, split_cluster=1)
+    assert wide.smem_bytes == 128 * 256 * 4 + 1024 - 16 > Schedule.from_id(wide.id.replace("-skc1", "")).smem_bytes
 
 
 def test_render_states_python_facts_for_the_compiler():

@@ -60,7 +60,8 @@ def schedules(family: str, quick: bool) -> list[Schedule]:
     out = [Schedule(family, 16, 128, 4, 3, 1), Schedule(family, 32, 128, 8, 3, 1, mainloop="wgmma")]
     if not quick:
         out += [Schedule(family, 32, 128, 8, 3, 1, mainloop="wgmma", producer=1),
-                Schedule(family, 8, 64, 4, 3, 1, split_k=2), Schedule(family, 16, 64, 4, 3, 1, n_tiles=2),
+                Schedule(family, 8, 64, 4, 3, 1, split_k=2), Schedule(family, 8, 64, 4, 3, 1, split_k=2, split_cluster=1),
+                Schedule(family, 16, 64, 4, 3, 1, n_tiles=2),
                 Schedule(family, 16, 128, 4, 3, 1, swap=0), Schedule(family, 8, 128, 4, 3, 1, producer=1),
                 # the weight prefetch before the PDL wait guesses from the (here bad) routing values
                 Schedule(family, 8, 64, 4, 3, 1, split_k=2, pdl=1, pdl_prefetch=1),

@@ -459,8 +459,9 @@ WAVE_FILL_SPLITS = (2, 3, 4)
 
 
 def wave_fill_variants(family: str, prob: Problem, ranked: list[Schedule]) -> list[Schedule]:
-    """Split-K and stream-K variants of the leading one-split mma tiles of `ranked` where their grid
-    fills few waves (WAVE_FILL_MAX_WAVES), each kept only if legal with at least 8 K blocks per split."""
+    """Split-K (workspace and cluster fix-ups) and stream-K variants of the leading one-split mma
+    tiles of `ranked` where their grid fills few waves (WAVE_FILL_MAX_WAVES), each kept only if
+    legal with at least 8 K blocks per split."""
     from chord import cost
 
     out: list[Schedule] = []
@@ -470,7 +471,8 @@ def wave_fill_variants(family: str, prob: Problem, ranked: list[Schedule]) -> li
         if e.units >= WAVE_FILL_MAX_WAVES * e.slots:
             continue
         kb = prob.k // 64
-        tries = [dict(split_k=z) for z in WAVE_FILL_SPLITS if kb // z >= 8]
+        # each split with its partials summed through a global workspace and through the cluster
+        tries = [dict(split_k=z, split_cluster=c) for z in WAVE_FILL_SPLITS if kb // z >= 8 for c in (0, 1)]
         if family == "indexed":
             tries.append(dict(stream_k=1, fold=0))
         out += _legal_variants(s, tries)

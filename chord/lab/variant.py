@@ -41,8 +41,10 @@ def parse_sets(items: list[str]) -> dict:
 
 def applies(rule: dict, name: str) -> bool:
     """Whether knob `name` applies to a profile rule: the knobs it requires (KNOB[name].requires,
-    e.g. fold on the mma loop with the operand swap) have their values there (absent = default)."""
-    return all(rule.get(k, KNOB[k].default) == v for k, v in KNOB[name].requires)
+    e.g. fold on the mma loop with the operand swap) have their values there and those it needs
+    above a value (KNOB[name].above, e.g. split_cluster where split_k > 1) exceed it (absent =
+    default)."""
+    return KNOB[name].applies(lambda k: rule.get(k, KNOB[k].default))
 
 
 def variant(profile: str, sets: dict) -> dict:

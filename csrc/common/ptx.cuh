@@ -230,6 +230,41 @@ __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t v) {
 
 // Barrier over the first THREADS threads: the whole CTA (ALL) or a named barrier of the warps
 // that run the epilogue (a producer warpgroup has left by then).
+// Thread-block clusters (split_cluster): every thread of every CTA of the cluster arrives, with
+// release semantics for its shared-memory writes (SASS: MEMBAR.ALL.GPU, so it also waits for the
+// thread's outstanding global stores), and waits with acquire semantics for theirs.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The same meeting without the release fence: for a barrier that only has to order reads whose
+// values the thread has already used (nothing it wrote needs to be seen by the others).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// The shared::cluster address of shared address `addr` of this CTA in the cluster's CTA `rank`.
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+
+__device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 template <int THREADS, bool ALL>
 __device__ __forceinline__ void epilogue_sync() {
   if constexpr (ALL) {

@@ -12,7 +12,12 @@
 // of a group is two 8x8 matrices, features x tokens, stored transposed as token rows); else one
 // 16-bit shared store per value. The bf16 values, hence the output bits, are the same.
 //
-// SPLIT > 1: partial fp32 tiles meet in `workspace`; the last CTA of the tile to arrive (counted
+// SPLIT > 1 with SPLIT_CLUSTER: the tile's SPLIT CTAs are one cluster; each leaves its fp32
+// partial in its own shared memory and, after a cluster barrier, sums every CTA's partial of its
+// share of the 16-byte output chunks through distributed shared memory, in z order (the bits of
+// the workspace fix-up), and stores them; a second barrier keeps every CTA's shared memory alive
+// until the last read.
+// SPLIT > 1 otherwise: partial fp32 tiles meet in `workspace`; the last CTA of the tile to arrive (counted
 // in `counters`, reset to 0 by that CTA so CUDA-graph replays start clean) sums them in z order
 // (deterministic) and stores the bf16 rows. Threads 0..THREADS-1 call it (ALL: every thread
 // of the CTA; else the others have exited). The caller has finished every read of `smem` by the
@@ -86,7 +91,7 @@ __device__ __forceinline__ void store_rows(const GemmParams& p, const __nv_bfloa
 }
 
 template <int BT, int BN, int THREADS, int MMA_WARPS, int NTW, int SPLIT, bool ALL = true, bool SWAPPED = true,
-          bool STMATRIX = true>
+          bool STMATRIX = true, bool SPLIT_CLUSTER = false>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[NTW][BT / 8][4], int n_block,
                                            const int64_t* __restrict__ out_row, uint8_t* smem) {
   using E = EpilogueConfig<BT, BN>;
@@ -121,6 +126,46 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     }
   } else if constexpr (SPLIT == 1) {
     walk([&](int tok, int n, float v) { sc[tok * E::kCStride + n] = __float2bfloat16_rn(v); });
+  } else if constexpr (SPLIT_CLUSTER) {
+    static_assert(SPLIT >= 2 && SPLIT <= 8 && ALL, "SPLIT_CLUSTER: a cluster of 2-8 CTAs whose every thread stores");
+    static_assert(BN % 8 == 0, "SPLIT_CLUSTER: the fix-up sums 8 features (one 16-byte output chunk) at a time");
+    float* mine = reinterpret_cast<float*>(smem);  // this CTA's fp32 partial, [BT][BN]
+    walk([&](int tok, int n, float v) { mine[tok * BN + n] = v; });
+    cluster_sync();  // every partial of the tile is in its CTA's shared memory
+    // Clusters are 1 x 1 x SPLIT over a grid of depth SPLIT: rank zz is the CTA of blockIdx.z zz.
+    const int z = static_cast<int>(cluster_ctarank());
+    const uint32_t base = smem_u32(mine);
+    constexpr int kChunksPerRow = BN / 8;
+    const int N = static_cast<int>(p.n);
+    for (int c = z + SPLIT * tid; c < BT * kChunksPerRow; c += SPLIT * THREADS) {  // CTA z: chunks z mod SPLIT
+      const int r = c / kChunksPerRow, ch = c % kChunksPerRow;
+      const int64_t row = out_row[r];
+      if (row < 0) continue;
+      const uint32_t at = base + static_cast<uint32_t>(r * BN + ch * 8) * 4u;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int zz = 0; zz < SPLIT; ++zz) {  // z order from 0, as the workspace fix-up below: the same bits
+        const uint32_t remote = mapa_shared(at, static_cast<uint32_t>(zz));
+        const float4 lo = ld_shared_cluster_f4(remote);
+        const float4 hi = ld_shared_cluster_f4(remote + 16u);
+        v[0] += lo.x;
+        v[1] += lo.y;
+        v[2] += lo.z;
+        v[3] += lo.w;
+        v[4] += hi.x;
+        v[5] += hi.y;
+        v[6] += hi.z;
+        v[7] += hi.w;
+      }
+      const uint4 o = make_uint4(as_u32(__floats2bfloat162_rn(v[0], v[1])), as_u32(__floats2bfloat162_rn(v[2], v[3])),
+                                 as_u32(__floats2bfloat162_rn(v[4], v[5])), as_u32(__floats2bfloat162_rn(v[6], v[7])));
+      *reinterpret_cast<uint4*>(p.out + row * N + static_cast<int64_t>(n_block) * BN + ch * 8) = o;
+    }
+    // No CTA leaves (taking its shared memory) while another still reads it: every remote value
+    // read above fed a store before this arrive, so the reads are done; no fence is needed (and
+    // none waits for the output stores).
+    cluster_sync_relaxed();
+    return;
   } else {
     __shared__ int s_last;
     const int split_z = static_cast<int>(blockIdx.z);

@@ -104,6 +104,11 @@ def fuzz_pool(family: str) -> list[Schedule]:
     for s in [s for s in pool.values() if not s.persistent and not s.stream_k and not s.pdl][:4]:
         v = override(s, pdl=1, pdl_prefetch=1)
         pool[v.id] = v
+    # split-K through a cluster on the split tiles (the profile's and their ablations): the same
+    # CTAs meeting in distributed shared memory instead of the workspace
+    for s in [s for s in pool.values() if 2 <= s.split_k <= 8 and not s.producer and s.cluster_n == 1][:6]:
+        v = override(s, split_cluster=1)
+        pool[v.id] = v
     rng = random.Random(1234 + FAMILIES.index(family))
     sampled = 0
     for _ in range(20000):

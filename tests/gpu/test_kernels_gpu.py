@@ -278,13 +278,16 @@ def test_torch_compile_fullgraph():
 # split-K
 
 
+@pytest.mark.parametrize("cluster", [0, 1], ids=["workspace", "cluster"])
 @pytest.mark.parametrize("split", [2, 4, 8])
-def test_split_k_indexed_tp8_one_token(split):
-    """TP8 gate_up at one token, K split over CTAs: matches the reference, leaves untouched rows
-    NaN, and a second launch (counters reset by the kernel) gives bit-identical output."""
+def test_split_k_indexed_tp8_one_token(split, cluster):
+    """TP8 gate_up at one token, K split over CTAs (partials summed through a global workspace or
+    through the cluster's shared memory): matches the reference, leaves untouched rows NaN, a second
+    launch (counters reset by the kernel) gives bit-identical output, and the two fix-ups agree bit
+    for bit."""
     e, n, k, m, top_k = 384, 512, 7168, 1, 8
     qe, pw = weights(e, n, k)
-    s = Schedule("indexed", 8, 64, 4, 8, 1, split)
+    s = Schedule("indexed", 8, 64, 4, 8, 1, split, split_cluster=cluster)
     ids = routing.random_topk_ids(m, e, top_k, seed=split, device="cuda")
     r = routing.align_block_size(ids, 8, e)
     x = torch.randn(m, k, device="cuda").bfloat16()
@@ -297,6 +300,10 @@ def test_split_k_indexed_tp8_one_token(split):
     out.fill_(float("nan"))
     ops.gemm_indexed(x, pw, r, top_k=top_k, out=out, schedule=s)
     assert torch.equal(out.view(torch.int16), first.view(torch.int16)), "split-K is not deterministic"
+    if cluster:
+        other = torch.full_like(out, float("nan"))
+        ops.gemm_indexed(x, pw, r, top_k=top_k, out=other, schedule=Schedule("indexed", 8, 64, 4, 8, 1, split))
+        assert torch.equal(out.view(torch.int16), other.view(torch.int16)), "cluster and workspace fix-ups differ"
 
 
 @pytest.mark.parametrize("family", ["grouped_contiguous", "grouped_masked"])
@@ -321,10 +328,11 @@ def test_split_k_grouped(family):
     check_rows(out, ref, what=f"{s.id} {family}", tol=TOL)
 
 
-def test_split_k_graph_replay():
+@pytest.mark.parametrize("cluster", [0, 1], ids=["workspace", "cluster"])
+def test_split_k_graph_replay(cluster):
     e, n, k, m, top_k = 64, 512, 4096, 3, 8
     qe, pw = weights(e, n, k)
-    s = Schedule("indexed", 8, 64, 4, 8, 2, 8)
+    s = Schedule("indexed", 8, 64, 4, 8, 2, 8, split_cluster=cluster)
     r = routing.align_block_size(routing.random_topk_ids(m, e, top_k, seed=9, device="cuda"), 8, e)
     x = torch.randn(m, k, device="cuda").bfloat16()
     out = torch.full((m * top_k, n), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -177,6 +177,37 @@ BULK_PAIRS = [  # (bulk on, off)
 ]
 
 
+# Split-K through a cluster (the tile's split_k CTAs sum their partials through distributed
+# shared memory) against the workspace fix-up: both main loops, every family, 2-8 CTAs a cluster,
+# 1-4 weight tiles per warp, folded scales, 2 CTAs/SM, PDL, at 3 and 11 K blocks where every CTA
+# of a tile owns at least one (the splits the selection and `chord tune` make): the same bits, and
+# the reference.
+SPLIT_CLUSTER_PAIRS = [  # (cluster on, off)
+    ("idx-m8n64k64-w4-s8-c2-sk8-skc1", "idx-m8n64k64-w4-s8-c2-sk8"),
+    ("idx-m8n256k64-w4-s6-c2-sk2-skc1", "idx-m8n256k64-w4-s6-c2-sk2"),
+    ("idx-m8n128k64-w4-s8-c1-sk4-skc1-fo1", "idx-m8n128k64-w4-s8-c1-sk4-fo1"),
+    ("idx-m24n128k64-w4-s4-c1-sk3-skc1", "idx-m24n128k64-w4-s4-c1-sk3"),
+    ("idx-m16n256k64-w4-s4-c1-sk2-skc1-wgmma-gs2", "idx-m16n256k64-w4-s4-c1-sk2-wgmma-gs2"),
+    ("idx-m64n128k64-w8-s4-c2-sk6-skc1-wgmma", "idx-m64n128k64-w8-s4-c2-sk6-wgmma"),
+    ("gcon-m16n64k64-w4-s6-c1-sk4-skc1-pd1", "gcon-m16n64k64-w4-s6-c1-sk4-pd1"),
+    ("gcon-m64n256k64-w8-s4-c1-sk3-skc1-wgmma-gs2-bw1-tx1", "gcon-m64n256k64-w8-s4-c1-sk3-wgmma-gs2-bw1-tx1"),
+    ("gmsk-m8n256k64-w4-s6-c2-sk2-skc1-fo1", "gmsk-m8n256k64-w4-s6-c2-sk2-fo1"),
+    ("gmsk-m32n128k64-w8-s6-c1-sk8-skc1-wgmma", "gmsk-m32n128k64-w8-s6-c1-sk8-wgmma"),
+]
+
+
+SPLIT_CLUSTER_CASES = [(p, k) for p in SPLIT_CLUSTER_PAIRS for k in (192, 704)
+                       if k // 64 >= Schedule.from_id(p[0]).split_k]
+
+
+@pytest.mark.parametrize("pair,k", SPLIT_CLUSTER_CASES, ids=lambda v: v[0] if isinstance(v, tuple) else f"k{v}")
+def test_split_cluster_same_bits(pair, k):
+    on, off = Schedule.from_id(pair[0]), Schedule.from_id(pair[1])
+    o = optimizations.BY_NAME["split-K through a cluster"]
+    assert o.is_on(on) and o.switch_off(on) == off and not o.is_on(off)
+    check_same_bits(on, off, k=k, seed=13)
+
+
 # L2 policies (l2_hint: the activation rows evict-last, at 1 the weights and scales evict-first)
 # against no hint: the profile's TP8 m4096 gate_up tile and its m1024 wide tile, split-K,
 # n_tiles, 2 CTAs/SM and CTA pairs, every family: the same bits, and the reference. (A kernel
