@@ -34,6 +34,7 @@ def test_switch_off_each_knob_of_every_profile_schedule(sched):
         allowed = {o.knob} | ({"warps", "wgmma_wait", "producer", "group_steps", "block_m", "persistent", "queue",
                                                      "bulk_w", "tma_x"} if o.knob == "mainloop" else
                               {"queue"} if o.knob == "persistent" else
+                              {"split_cluster"} if o.knob == "split_k" else
                               {"block_m", "fold"} if o.knob == "swap" else set())
         assert changed <= allowed, (name, changed)
 
