@@ -317,7 +317,7 @@ class Schedule:
         if self.split_k > 1 and self.stmatrix != KNOB["stmatrix"].default:
             raise ValueError(f"stmatrix applies to unsplit tiles only (split-K tiles stage through the fix-up), got "
                              f"stmatrix={self.stmatrix} with split_k={self.split_k}")
-        if self.split_cluster and (self.split_k not in (2, 3, 4, 6, 8) or self.producer or self.cluster_n != 1):
+        if self.split_cluster and (self.split_k > 8 or not KNOB["split_cluster"].applies(lambda k: getattr(self, k))):
             raise ValueError(f"split_cluster=1 launches a tile's split_k CTAs as one cluster of at most 8 (the portable "
                              f"cluster size) whose every thread meets at cluster barriers, so it needs split_k in 2..8, "
                              f"producer=0 and cluster_n=1, got split_k={self.split_k}, producer={self.producer}, "

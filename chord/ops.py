@@ -398,14 +398,20 @@ def _new_split_pair(device: torch.device, floats: int, tiles: int) -> tuple[torc
             torch.zeros(tiles, dtype=torch.int32, device=device))
 
 
+def _uses_stream_buffers(s: Schedule) -> bool:
+    """Whether a launch of `s` writes this stream's split-K / stream-K workspace or work-queue
+    counters (a cluster split sums in shared memory and needs neither)."""
+    return (s.split_k > 1 and not s.split_cluster) or bool(s.stream_k) or bool(s.queue)
+
+
 def _split_need(s: Schedule, grid_x: int, grid_y: int, ctas: int = 0) -> tuple[int, int] | None:
     """(fp32 partials, counters) a launch of `s` over a grid_x x grid_y tile grid needs, or None
     (no split): split-K [tiles, split_k] partial tiles, stream-K `ctas` CTAs x 2 partial tiles
     (csrc/moe/stream_k.cuh: bounded by the grid, not the batch), one counter per tile; a
     work-queue kernel (queue=1) its two queue words and no partials; split_cluster=1 nothing (its
     partials meet in the cluster's shared memory)."""
-    if (s.split_k == 1 or s.split_cluster) and not s.stream_k and not s.queue:
-        return None  # split_cluster: the partials meet in the cluster's shared memory
+    if not _uses_stream_buffers(s):
+        return None
     if s.queue:  # the work queue's two counters (csrc/moe/rows.cuh, TileWalker DYNAMIC)
         return 0, 2
     tiles = grid_x * grid_y
@@ -576,7 +582,7 @@ def _launch(sched: Schedule, kernel: "jit.Kernel", grid: tuple[int, int, int], x
         tmap = _x_tensor_map(x.data_ptr(), x.numel() // k, k, sched.block_m)
     launch.run(kernel, grid, (sched.threads, 1, 1), fields, record, device=dev, stream=_raw_stream(dev),
                schedule=schedule_id, op=op, pdl=sched.pdl == 1, tensor_map=tmap,
-               bound=bool((sched.split_k > 1 and not sched.split_cluster) or sched.stream_k or sched.queue))  # counters of this stream
+               bound=_uses_stream_buffers(sched))  # counters of this stream
 
 
 # ---------------------------------------------------------------------------------------------

@@ -228,8 +228,6 @@ __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t v) {
   return *reinterpret_cast<__nv_bfloat162*>(&v);
 }
 
-// Barrier over the first THREADS threads: the whole CTA (ALL) or a named barrier of the warps
-// that run the epilogue (a producer warpgroup has left by then).
 // Thread-block clusters (split_cluster): every thread of every CTA of the cluster arrives, with
 // release semantics for its shared-memory writes (SASS: MEMBAR.ALL.GPU, so it also waits for the
 // thread's outstanding global stores), and waits with acquire semantics for theirs.
@@ -265,6 +263,8 @@ __device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t addr) {
   return v;
 }
 
+// Barrier over the first THREADS threads: the whole CTA (ALL) or a named barrier of the warps
+// that run the epilogue (a producer warpgroup has left by then).
 template <int THREADS, bool ALL>
 __device__ __forceinline__ void epilogue_sync() {
   if constexpr (ALL) {
