@@ -32,6 +32,15 @@ BAD = {"indexed": {"expert_id_99", "sorted_id_1e6", "padded_count_1e6"},
        "grouped_masked": {"counts_over_max_rows"}}
 
 
+def test_schedules_option_refuses_bad_ids_before_any_gpu_work(sc, capsys):
+    assert sc.main(["--schedules", "idx-m8n64k64-w4-s3-c1-sk2-skc1,bogus"]) == 2
+    assert "--schedules" in capsys.readouterr().out
+    assert sc.main(["--schedules"]) == 2
+    assert "comma-separated list of schedule ids" in capsys.readouterr().out
+    assert sc.main(["--schedules", "idx-m8n64k64-w4-s3-c1", "--bogus"]) == 2
+    assert "unknown option --bogus" in capsys.readouterr().out
+
+
 def test_list_runs_without_a_gpu():
     out = subprocess.run([sys.executable, str(TOOLS_DIR / "sanitize_cases.py"), "--list"], capture_output=True,
                          text=True, cwd=TOOLS_DIR.parent, timeout=300)

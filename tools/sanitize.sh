@@ -9,6 +9,7 @@
 #                                 # (mma, wgmma) x bad routing value x trusted path (chord.ops with
 #                                 # check_routing=False, a launch plan from C, the humming root)
 #   tools/sanitize.sh --bulk-and-pairs  # the three tools over the bulk-copy / TMA / CTA-pair cases only
+#   tools/sanitize.sh --schedules ID[,ID...]  # the three tools over these schedules' ordinary cases only
 #   tools/sanitize.sh -k masked   # memcheck over a pytest selection of tests/gpu/test_kernels_gpu.py only
 #
 # torch's caching allocator hides out-of-bounds accesses inside its pool, so it is switched off
@@ -26,14 +27,14 @@ if [ "${1:-}" = "--trusted" ]; then
   echo "== compute-sanitizer --tool memcheck: tools/sanitize_cases.py --trusted"
   exec $SAN --tool memcheck python3 tools/sanitize_cases.py --trusted
 fi
-if [ "$#" -gt 0 ] && [ "$1" != "--quick" ] && [ "$1" != "--bulk-and-pairs" ]; then
+if [ "$#" -gt 0 ] && [ "$1" != "--quick" ] && [ "$1" != "--bulk-and-pairs" ] && [ "$1" != "--schedules" ]; then
   exec $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py "$@"
 fi
 for tool in memcheck racecheck synccheck; do
   echo "== compute-sanitizer --tool $tool: tools/sanitize_cases.py $*"
   $SAN --tool $tool python3 tools/sanitize_cases.py "$@"
 done
-if [ "${1:-}" = "--bulk-and-pairs" ]; then exit 0; fi
+if [ "${1:-}" = "--bulk-and-pairs" ] || [ "${1:-}" = "--schedules" ]; then exit 0; fi
 echo "== compute-sanitizer --tool memcheck: memory-safety GPU tests"
 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
   -k "clamped or stay_in_bounds or overallocated"

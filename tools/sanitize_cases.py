@@ -28,11 +28,12 @@ grid is bounded by the buffers); contiguous, each offset clamped to [0, rows] an
 end to at least its start (rows two experts claim are not defined; every other row is);
 masked, each count clamped to [0, max_rows].
 
-    python tools/sanitize_cases.py [--quick | --bulk-and-pairs | --trusted]
+    python tools/sanitize_cases.py [--quick | --bulk-and-pairs | --trusted | --schedules ID[,ID...]]
     python tools/sanitize_cases.py --list    # the schedules and cases, on any machine (no GPU)
 
 ``--bulk-and-pairs`` runs only the bulk-copy / TMA / CTA-pair / L2-policy variants (BULK_AND_PAIRS);
-``--trusted`` only the trusted-path cases.
+``--trusted`` only the trusted-path cases; ``--schedules`` only the ordinary cases of the named
+schedule ids (each on its own family), for a sanitizer pass over one new variant.
 """
 from __future__ import annotations
 
@@ -414,9 +415,23 @@ def list_cases(quick: bool = False) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    named: list[Schedule] = []
+    if "--schedules" in argv:  # --schedules ID[,ID...]: these schedules' ordinary cases alone
+        i = argv.index("--schedules")
+        ids = argv[i + 1].split(",") if i + 1 < len(argv) else []
+        argv = argv[:i] + argv[i + 2:]
+        try:
+            named = [Schedule.from_id(x) for x in ids if x]
+        except ValueError as exc:
+            print(f"sanitize_cases: --schedules: {exc}")
+            return 2
+        if not named:
+            print("sanitize_cases: --schedules needs a comma-separated list of schedule ids")
+            return 2
     unknown = [a for a in argv if a not in ("--quick", "--bulk-and-pairs", "--trusted", "--list")]
     if unknown:
-        print(f"sanitize_cases: unknown option {unknown[0]} (use --quick, --bulk-and-pairs, --trusted or --list)")
+        print(f"sanitize_cases: unknown option {unknown[0]} "
+              "(use --quick, --bulk-and-pairs, --trusted, --schedules IDS or --list)")
         return 2
     quick = "--quick" in argv
     if "--list" in argv:
@@ -428,19 +443,24 @@ def main(argv: list[str] | None = None) -> int:
     launches = 0
     if not only_trusted:
         for family, run in (("indexed", indexed), ("grouped_contiguous", contiguous), ("grouped_masked", masked)):
-            todo = [Schedule.from_id(i) for i in BULK_AND_PAIRS[family]] if only_bulk else schedules(family, quick)
+            if named:
+                todo = [x for x in named if x.family == family]
+            elif only_bulk:
+                todo = [Schedule.from_id(i) for i in BULK_AND_PAIRS[family]]
+            else:
+                todo = schedules(family, quick)
             for s in todo:
                 print(f"[sanitize_cases] {s.id}", flush=True)  # so a tool's report can be told apart by kernel
                 launches += run(s, qe, pw)
     trusted = 0
-    if not only_bulk:
+    if not only_bulk and not named:
         for case in TRUSTED_CASES:
             ran, fails = run_trusted(case, qe, pw)
             trusted += sum(ran.values())
             print(f"[sanitize_cases] trusted {case.name}: {case.schedule.id}, {sum(ran.values())} launches "
                   f"({ran['python']} python, {ran['plan']} plan){' FAILED' if fails else ''}", flush=True)
             FAILS.extend(fails)
-    print(f"sanitize_cases: {launches} launches, {len(TRUSTED_CASES) if not only_bulk else 0} trusted-path cases "
+    print(f"sanitize_cases: {launches} launches, {len(TRUSTED_CASES) if not (only_bulk or named) else 0} trusted-path cases "
           f"({trusted} launches), {len(FAILS)} failed proofs")
     for f in FAILS:
         print("  FAIL", f)
