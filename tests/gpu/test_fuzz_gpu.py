@@ -17,7 +17,7 @@ import torch
 
 from chord import ops, optimizations, reference, routing
 from chord import _env
-from chord.schedule import FAMILIES, KNOB, WGMMA_BLOCK_MS, Schedule, override
+from chord.schedule import FAMILIES, WGMMA_BLOCK_MS, Schedule, override
 from chord.testing import check_rows, poisoned, profile_rule_schedules, random_experts, run_cases
 
 pytestmark = pytest.mark.gpu
