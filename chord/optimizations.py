@@ -117,7 +117,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "share of the tile's 16-byte output chunks from every partial through distributed shared memory "
                  "(ld.shared::cluster, in z order) and stores them, so no partial, counter or fence goes through "
                  "L2 (the workspace fix-up's store, fence, atomic and reload are one L2 round trip each on the "
-                 "last CTA's path). In the profile's EP32 decode split rules (1.3-2.3 % per pair, H200); 1.5 % "
+                 "last CTA's path). In the profile's EP32 decode split rules (1.8-2.3 % per pair, H200); 1.5 % "
                  "slower on TP8 one token's split-8 tile, which keeps the workspace; off: the workspace fix-up "
                  "(same bits)",
                  "knob", "split_cluster", IMPLEMENTED, "06_split_and_stream_k"),
