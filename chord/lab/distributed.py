@@ -386,6 +386,14 @@ def run_rank(rank: int, world: int, cfg: Config, init_method: str | None, result
 
         device = torch.device("cpu")
         backend, ctx = "gloo", _chord.cpu_reference_backend()
+    # Import what the rank's GEMM path imports before the process group exists. torch._dynamo (which
+    # the humming forward path pulls in) keeps references to the default process group that exists
+    # when it is first imported; then destroy_process_group cannot free the group, its gloo threads
+    # outlive the rank and race the interpreter's exit (std::terminate, SIGABRT, about one world-2 CPU
+    # run in seven). tests/test_distributed.py checks that no gloo thread is left after a rank.
+    import torch._dynamo  # noqa: F401
+    import humming.forward  # noqa: F401
+
     kw = dict(backend=backend, rank=rank, world_size=world)
     if init_method is not None:
         kw["init_method"] = init_method
