@@ -674,10 +674,17 @@ def dump_sass(cubin: Path) -> Path:
     return path
 
 
-def build_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> BuildResult:
+STAMPS_FLAG = "-DCHORD_STAMPS"  # a build whose CTAs record time stamps (csrc/common/stamps.cuh)
+# While set (chord.lab.stamps.stamping): chord.ops builds and loads the stamped kernel of every
+# schedule it launches and calls STAMP_HOOK(schedule, kernel) before the launch.
+STAMP_HOOK: "Callable[[Schedule, Kernel], None] | None" = None
+
+
+def build_schedule(schedule: "Schedule", tile_group_cap: int = 8, stamps: bool = False) -> BuildResult:
     """The schedule's kernel; `tile_group_cap` < 8 builds it for weights packed with that cap of the
     layout's tile group (the layout's ablation, CHORD_TILE_GROUP; chord.ops picks it from the
-    weights' shape)."""
+    weights' shape). `stamps`: the build whose CTAs write their phases' time stamps into the
+    module's stamp buffer (csrc/common/stamps.cuh, chord.lab.stamps), a separate cache entry."""
     if isinstance(tile_group_cap, bool) or tile_group_cap not in TILE_GROUPS:
         raise ValueError(f"build_schedule: tile_group_cap must be 1, 2, 4 or 8, got {tile_group_cap!r}")
     bulk = "bulk_w=1" if schedule.bulk_w else "producer=1" if schedule.producer and schedule.mainloop == "mma" else None
@@ -686,7 +693,10 @@ def build_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> BuildResult
                        f"packed with the default tile group (cap 8), got cap {tile_group_cap} (CHORD_TILE_GROUP); "
                        f"use {bulk[:-1]}0 for the layout's ablation")
     flags = () if tile_group_cap == 8 else (f"-DCHORD_TILE_GROUP_LOG={tile_group_cap.bit_length() - 1}",)
-    _record_kernel(schedule, tile_group_cap)
+    if stamps:
+        flags += (STAMPS_FLAG,)
+    else:  # a stamped kernel is the lab's, never one a serving run needs built ahead
+        _record_kernel(schedule, tile_group_cap)
     return build(render(schedule), name=schedule.id, extra_flags=flags)
 
 
@@ -831,6 +841,9 @@ class _Driver:
         lib.cuDeviceGet.argtypes = [ctypes.POINTER(i), i]
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
         lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
+        lib.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), vp,
+                                             ctypes.c_char_p]
+        lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, vp, ctypes.c_size_t]
         lib.cuFuncSetAttribute.argtypes = [vp, i, i]
         lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
@@ -884,6 +897,7 @@ class Kernel:
             raise _ImageChanged(f"{self.cubin} changed after it was checked (its bytes no longer match the sha256 "
                                 "of its checksum file)")
         self._funcs: dict[int, ctypes.c_void_p] = {}
+        self._modules: dict[int, ctypes.c_void_p] = {}
         self._occupancy: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
 
@@ -917,8 +931,27 @@ class Kernel:
                 if self.smem_bytes + static.value > 48 * 1024:
                     drv.check(drv.lib.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                          self.smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
+            self._modules[device_index] = module
             self._funcs[device_index] = fn
             return fn
+
+    def set_global(self, device_index: int, name: str, value: bytes) -> None:
+        """Write `value` into the module global `name` (an ``extern "C" __device__`` variable of
+        exactly len(value) bytes) on device `device_index`; synchronous (cuMemcpyHtoD), so never
+        inside a CUDA-graph capture. Raises JitError naming the global when the module has none
+        of that name or size."""
+        self.function(device_index)
+        drv = driver()
+        addr, size = ctypes.c_uint64(), ctypes.c_size_t()
+        rc = drv.lib.cuModuleGetGlobal_v2(ctypes.byref(addr), ctypes.byref(size), self._modules[device_index],
+                                          name.encode())
+        if rc:
+            raise JitError(f"{self.cubin.name}: no module global {name!r} (CUDA error {rc}); a stamped build "
+                           f"({STAMPS_FLAG}) has chord_stamp_buf and chord_stamp_ctas")
+        if size.value != len(value):
+            raise JitError(f"{self.cubin.name}: module global {name!r} has {size.value} bytes, got {len(value)}")
+        buf = ctypes.create_string_buffer(value, len(value))
+        drv.check(drv.lib.cuMemcpyHtoD_v2(addr.value, buf, len(value)), f"cuMemcpyHtoD({name})")
 
     def ctas_per_sm(self, device_index: int, threads: int) -> int:
         """How many CTAs of `threads` threads (and this kernel's shared memory) one SM holds at
@@ -1062,8 +1095,8 @@ def _load_checked(build_fn: Callable[[], BuildResult], kernel_name: str, smem_by
 
 
 @lru_cache(maxsize=None)
-def kernel_for_schedule(schedule: "Schedule", tile_group_cap: int = 8) -> Kernel:
-    return _load_checked(lambda: build_schedule(schedule, tile_group_cap), KERNEL_NAME, schedule.smem_bytes)
+def kernel_for_schedule(schedule: "Schedule", tile_group_cap: int = 8, stamps: bool = False) -> Kernel:
+    return _load_checked(lambda: build_schedule(schedule, tile_group_cap, stamps), KERNEL_NAME, schedule.smem_bytes)
 
 
 # --------------------------------------------------------------------------------------------

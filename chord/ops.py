@@ -566,6 +566,11 @@ def _remember_noop(schedule_id: str, record: launch.Record) -> None:
 def _kernel(sched: Schedule, qweight: torch.Tensor, n: int) -> "jit.Kernel":
     """The kernel step: the schedule's kernel for these weights' tile group (chord.jit; built and
     loaded on a miss, one memo lookup after)."""
+    hook = jit.STAMP_HOOK
+    if hook is not None:  # chord.lab.stamps: the build whose CTAs record their phases
+        kernel = jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n), True)
+        hook(sched, kernel)
+        return kernel
     return jit.kernel_for_schedule(sched, _tile_group_cap(qweight, n))
 
 

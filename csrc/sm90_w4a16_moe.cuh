@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "common/params.cuh"
+#include "common/stamps.cuh"
 #include "common/tma.cuh"
 #include "mainloop/mma_producer.cuh"
 #include "mainloop/mma_swap16.cuh"
@@ -121,8 +122,16 @@ struct MoeKernel {
   static_assert(!PDL_PREFETCH || (PDL && !PERSISTENT && !STREAMK),
                 "PDL_PREFETCH: a PDL launch of one item per CTA (the launched grid's tiles)");
 
-  // xmap: the activations' tensor map (TMA_X kernels only).
+  // xmap: the activations' tensor map (TMA_X kernels only). A -DCHORD_STAMPS build records each
+  // CTA's entry and exit here and its phases in the parts (common/stamps.cuh); otherwise the
+  // stamps are empty statements.
   __device__ __forceinline__ static void run(const GemmParams& p, const TmaDescriptor* xmap = nullptr) {
+    CHORD_STAMP_ENTRY();
+    body(p, xmap);
+    CHORD_STAMP_EXIT();
+  }
+
+  __device__ __forceinline__ static void body(const GemmParams& p, const TmaDescriptor* xmap) {
     if constexpr (PDL) {
       // Routing, activations, the split-K workspace and out may all be the previous kernel's
       // (moe_align, the activation, the GEMM before this one on the stream): wait for its grid
@@ -133,6 +142,7 @@ struct MoeKernel {
         if (threadIdx.x < 32) FirstStagePrefetch<Cfg>::run(p);
       }
       griddep_wait();
+      CHORD_STAMP_CLOCK_T0(kStampWaitClk);
       griddep_launch_dependents();
     }
     extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -154,6 +164,7 @@ struct MoeKernel {
       __shared__ StreamKRows<BT> sk_rows;
       typename Mainloop::Acc acc;
       auto epilogue = [&](int t, int seg_begin, int seg_end, int slot, const typename Mainloop::Acc& a) {
+        CHORD_STAMP_MIN(kStampEpiClk);
         if (sk_rows.expert[slot] < 0) return;  // uniform: a block without a local expert stores nothing
         store_stream_k<BT, BN, kThreads, Mainloop::kMmaWarps, Mainloop::kNTW, Mainloop::kSwapped, STMATRIX>(
             p, plan, a, t, seg_begin, seg_end, sk_rows.out_row[slot], smem + kEpiOffset);
@@ -174,6 +185,7 @@ struct MoeKernel {
       if (!any) return;  // uniform: this CTA has no tile
       typename Mainloop::Acc acc;
       auto epilogue = [&](int t, const typename Mainloop::Acc& a) {
+        CHORD_STAMP_MIN(kStampEpiClk);
         constexpr int kEpi = Mainloop::kEpilogueThreads;
         const int b = (t / NTILES) % Walker::kBuffers;
         store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, 1, kEpi == kThreads, Mainloop::kSwapped,
@@ -194,6 +206,7 @@ struct MoeKernel {
     }
     if (e < 0) return;  // uniform across the CTA
     __syncthreads();
+    CHORD_STAMP_CLOCK_T0(kStampRowsClk);
 
     const int kb_all = static_cast<int>(p.k) / kKBlock;
     const int z = SPLIT > 1 ? static_cast<int>(blockIdx.z) : 0;
@@ -203,6 +216,7 @@ struct MoeKernel {
     // The main loop calls this once per finished tile t (n block tc.n_block * NTILES + t), from
     // the threads that hold accumulators (a producer warpgroup has left by then).
     auto epilogue = [&](int t, const typename Mainloop::Acc& a) {
+      CHORD_STAMP_MIN(kStampEpiClk);
       constexpr int kEpi = Mainloop::kEpilogueThreads;
       store_tile<BT, BN, kEpi, Mainloop::kMmaWarps, Mainloop::kNTW, SPLIT, kEpi == kThreads, Mainloop::kSwapped,
                  STMATRIX, SPLIT_CLUSTER>(p, a, tc.n_block * NTILES + t, out_row, smem + kEpiOffset);

@@ -183,7 +183,7 @@ def test_cli_parser_registers_only_implemented_commands():
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == {"bench", "tune", "info", "doctor", "precompile", "capture", "limits", "variant",
+    assert set(sub.choices) == {"bench", "tune", "info", "doctor", "precompile", "capture", "limits", "stamps", "variant",
                                 "distributed"}
     assert set(sub.choices) == set(cli.COMMANDS)
     if not __import__("torch").cuda.is_available():

@@ -1,5 +1,5 @@
 """The ``chord`` command line: ``chord bench``, ``chord tune``, ``chord info``, ``chord precompile``,
-``chord capture``, ``chord limits``, ``chord variant``, ``chord doctor`` (chord.lab.doctor).
+``chord capture``, ``chord limits``, ``chord stamps``, ``chord variant``, ``chord doctor`` (chord.lab.doctor).
 
 Every flag and every CHORD_* environment value a command reads is checked (``chord.lab._args``)
 before the command does anything, the same way on a machine with or without a GPU: a bad one
@@ -602,6 +602,26 @@ def _cmd_limits(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_stamps(args: argparse.Namespace) -> int:
+    from chord.lab import stamps
+
+    try:
+        rows = stamps.run(args.out, suite=args.suite, scenarios=args.scenarios, families=args.families,
+                          reps=args.reps, profile_file=args.profile)
+    except stamps.StampsError as exc:
+        print(f"chord stamps: {exc}", file=sys.stderr)
+        return 2
+    print(stamps.markdown(rows), end="")
+    print(f"chord stamps: {len(rows)} points; wrote {Path(args.out) / 'stamps.json'}, {Path(args.out) / 'stamps.md'} "
+          f"and {Path(args.out) / 'ctas.csv'}")
+    return 0
+
+
+def _check_stamps(args: argparse.Namespace) -> None:
+    if args.reps < 1:
+        raise _args.UsageError(f"--reps must be >= 1, got {args.reps}")
+
+
 def _add_shape_args(p) -> None:
     g = p.add_argument_group("a layer shape instead of a suite (chord tune for any shape)")
     g.add_argument("--experts", type=int, default=None, help="local experts of the layer")
@@ -731,6 +751,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(pl)
     pl.add_argument("--out", default="limits-out", help="output folder (limits.json, limits.md, raw.csv, report)")
     pl.set_defaults(func=_cmd_limits)
+    ps = _add_parser(sub, "stamps", "time stamps per CTA of each GEMM of the suite: launch, ramp, streaming, tail",
+                     "Runs stamped builds of the scenario's gate_up and down (every CTA records its SM and the "
+                     "times of its entry, rows, first K block, epilogue, fix-up and exit) as one CUDA graph between "
+                     "two timer kernels, L2 flushed before each replay, and reduces them per kernel. Checks the "
+                     "stamped outputs against the plain kernels' bit for bit. Needs an sm_90 GPU.")
+    _add_selection(ps)
+    _add_profile(ps)
+    ps.add_argument("--reps", type=int, default=20, help="graph replays (each one cold in L2)")
+    ps.add_argument("--out", default="stamps-out", help="output folder (stamps.json, stamps.md, ctas.csv)")
+    ps.set_defaults(func=_cmd_stamps, check=_check_stamps)
     pv = _add_parser(sub, "variant", "write a copy of a profile with knobs set on every rule they apply to",
                      "The 'knob on everywhere' side of an A/B that chord tune cannot time (it times one GEMM alone), "
                      "such as pdl=1, whose gain is between a layer's calls: bench or precompile with --profile FILE "
@@ -753,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: the subcommands, as `chord --help` lists them
-COMMANDS = ("bench", "tune", "info", "doctor", "precompile", "capture", "limits", "variant", "distributed")
+COMMANDS = ("bench", "tune", "info", "doctor", "precompile", "capture", "limits", "stamps", "variant", "distributed")
 #: earlier names of subcommands, accepted for one release with a warning: {old: new}
 DEPRECATED_COMMANDS = {"profile": "capture"}
 

@@ -26,6 +26,7 @@
 #include "../common/mbarrier.cuh"
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
+#include "../common/stamps.cuh"
 #include "../common/tma.cuh"
 #include "mma_swap16.cuh"
 
@@ -124,6 +125,7 @@ struct MmaProducer {
     for (int g = 0; g < KB; ++g) {
       const int slot = g % STAGES;
       mbar_wait(&full[slot], (g / STAGES) & 1);
+      if (g == 0) CHORD_STAMP_MIN(kStampFirstClk);
       if constexpr (Cfg::kFold) {
         Tile::compute_stage_folded(smem + slot * kStageBytes, acc);
       } else {

@@ -15,6 +15,7 @@
 #include "../common/dequant.cuh"
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
+#include "../common/stamps.cuh"
 
 namespace chord {
 
@@ -216,6 +217,7 @@ struct MmaSwap16 {
   __device__ __forceinline__ static void ring_step(int g, int total, LoadNext&& load_next, uint8_t* smem, Acc& acc) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
+    if (g == 0) CHORD_STAMP_MIN(kStampFirstClk);
     const int next = g + STAGES - 1;
     if (next < total) load_next(next % STAGES);
     cp_async_commit();

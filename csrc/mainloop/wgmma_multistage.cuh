@@ -32,6 +32,7 @@
 #include "../common/mbarrier.cuh"
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
+#include "../common/stamps.cuh"
 #include "../common/tma.cuh"
 #include "../common/wgmma.cuh"
 #include "wgmma_tile.cuh"
@@ -278,6 +279,7 @@ struct WgmmaMultistage : WgmmaTile<Cfg> {
         if (loads_left(g + kDist)) load_next();
         cp_async_commit();
         if constexpr (kBulk) mbar_wait(&bulk_full[g % STAGES], (g / STAGES) & 1);  // the bulk part of block g
+        if (g == 0) CHORD_STAMP_MIN(kStampFirstClk);
         mma_block(smem, desc0, g % STAGES, warp, lane, a, acc);
         retire(kb, KB, drain);
       });

@@ -21,6 +21,7 @@
 #include "../common/mbarrier.cuh"
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
+#include "../common/stamps.cuh"
 #include "../common/tma.cuh"
 #include "../common/wgmma.cuh"
 #include "wgmma_tile.cuh"
@@ -145,6 +146,7 @@ struct WgmmaWarpSpecialized : WgmmaTile<Cfg> {
       k_loop(KB, [&](int kb, auto& a, auto drain) {
         const int slot = kb % STAGES;
         mbar_wait(&full[slot], (kb / STAGES) & 1);
+        if (kb == 0) CHORD_STAMP_MIN(kStampFirstClk);
         fence_proxy_async_shared();  // the producer's cp.async writes -> the tensor cores' async proxy
         mma_block(smem, desc0, slot, warp, lane, a, acc);
         retire(kb, KB, drain);

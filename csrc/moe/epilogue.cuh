@@ -29,6 +29,7 @@
 
 #include "../common/params.cuh"
 #include "../common/ptx.cuh"
+#include "../common/stamps.cuh"
 
 namespace chord {
 
@@ -177,6 +178,7 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     if (tid == 0) s_last = atomicAdd(p.counters + tile, 1) == SPLIT - 1;
     epilogue_sync<THREADS, ALL>();
     if (!s_last) return;  // uniform: another CTA of this tile finishes it
+    CHORD_STAMP_CLOCK_T0(kStampFixupClk);
     __threadfence();
     const float* base = p.workspace + tile * SPLIT * (BT * BN);
     static_assert(BN % 4 == 0, "the split-K fix-up sums 4 features at a time");

@@ -165,6 +165,7 @@ __device__ __forceinline__ void store_stream_k(const GemmParams& p, const Stream
   }
   __syncthreads();
   if (!s_last) return;  // uniform: another contributor finishes the tile
+  CHORD_STAMP_CLOCK_T0(kStampFixupClk);
   __threadfence();
   // The partials, kChunk contributors at a time: their workspace offsets computed once, in
   // parallel, then kBatch x kPer loads in flight per thread before they are added in CTA order
