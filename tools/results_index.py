@@ -34,6 +34,7 @@ KINDS = (  # (substring of the name, kind, what)
     ("layout-ablation", "A/B timing", "tools/layout_ablation.py: tile-grouped vs tile-major weight layout"),
     ("eager-issue6", "suite run", "`chord bench --no-cuda-graph`: eager calls, host and launch time included"),
     ("timing", "A/B timing", "Chord-only timings of one question (file's own `about`)"),
+    ("stamps", "stamps", "`chord stamps`: per-CTA time stamps of a gate_up + down graph (launch, ramp, span, tail)"),
     ("limits", "limits", "`chord limits` table: Nsight Compute counters and the limiter per suite GEMM"),
     ("host-time", "host time", "tools/host_time.py: host time per call, Chord and Humming"),
     ("table", "suite run", "`chord bench` terminal table of a repeat run of the suite"),
