@@ -71,6 +71,10 @@ def estimate(s: Schedule, p: Problem) -> Estimate:
     stage_bytes = s.block_n_cta * K_BLOCK * BYTES_PER_WEIGHT + s.block_m * K_BLOCK * 2
     resident = max(1.0, min(units / SMS, s.ctas_per_sm))
     in_flight = resident * s.stages * stage_bytes
+    kb_per_ring = (p.k // K_BLOCK) / max(1, s.split_k)  # the K blocks one ring walks
+    if s.direct:  # warp-private rings: each warp keeps stages - 1 K blocks of its own K share in flight
+        in_flight = resident * s.warps * max(1, s.stages - 1) * stage_bytes
+        kb_per_ring /= s.warps
     memory_us *= max(1.0, IN_FLIGHT_BYTES_PER_SM / in_flight)
     compute_us = 2.0 * padded * p.n * p.k / RATE_FLOP_PER_US[s.mainloop]
     # the tensor pipe waits on copies a shallow ring cannot hide (5-stage wgmma rings timed 5-12 %
@@ -78,7 +82,7 @@ def estimate(s: Schedule, p: Problem) -> Estimate:
     if s.mainloop == "wgmma":
         compute_us *= 1.0 + 0.04 * max(0, 5 - s.stages)
     # a K loop shorter than the ring never fills it: latency, not bandwidth
-    ring_fill = min(1.0, (p.k // K_BLOCK) / max(1, s.split_k) / max(1, s.stages))
+    ring_fill = min(1.0, kb_per_ring / max(1, s.stages))
     us = max(memory_us, compute_us) / eff / max(ring_fill, 0.5)
     return Estimate(us, memory_us, compute_us, units, slots, eff, padded / rows)
 
@@ -89,7 +93,7 @@ def rank(cands: list[Schedule], p: Problem, limit: int | None = None, per_shape:
     round, so a limited list still spans several shapes; the first `limit` of that order."""
     shapes: dict = {}
     for s in cands:
-        key = (s.mainloop, s.block_m, s.block_n, s.warps, s.group_steps, s.split_k, s.stream_k)
+        key = (s.mainloop, s.block_m, s.block_n, s.warps, s.group_steps, s.split_k, s.stream_k, s.direct)
         shapes.setdefault(key, []).append((estimate(s, p).us, s.id, s))
     ordered = sorted(shapes.values(), key=lambda v: min(x[0] for x in v))
     for v in ordered:

@@ -186,8 +186,16 @@ KNOBS: tuple[Knob, ...] = (
          "group's partial starts from -136 * sum(x) (one MMA per token tile shared by the warp's weight tiles) "
          "and acc += scale * partial; 0 = bias and scale applied to every dequantized bf16 pair (HSUB2 + HMUL2)",
          off=0, requires=(("mainloop", "mma"), ("swap", 1))),
+    Knob("direct", "dr", 0, (0, 1), "kDirect",
+         "mma, operand swap: 1 = warp-private rings: the CTA's warps split its K range, each walking its share "
+         "of every tile of the N block (block_n 16-128) through its own stages-deep cp.async ring, waiting only "
+         "for its own copy groups (no CTA barrier in the K loop), and the warps' fp32 partials are summed once, "
+         "in warp order, before the epilogue; for the few-row GEMMs whose CTA ring mostly fills and drains "
+         "(TP8 one token); 0 = one ring per CTA, a CTA barrier per K block",
+         off=0, requires=(("mainloop", "mma"), ("swap", 1))),
 )
 KNOB = {k.name: k for k in KNOBS}
+DIRECT_BLOCK_NS = (16, 32, 64, 128)  # the direct loop's N blocks: every warp holds all BN/16 tiles' partials
 
 
 def _illegal_value(knob: Knob, value) -> str:
@@ -294,7 +302,9 @@ class Schedule:
         """The warp layout and operand layout of an mma tile."""
         if self.warps not in (1, 2, 4, 8):
             raise ValueError(f"warps must be 1, 2, 4 or 8, got {self.warps}")
-        if self.block_n <= 0 or self.block_n % (16 * self.warps):
+        if self.direct:
+            self._check_direct_tile()
+        elif self.block_n <= 0 or self.block_n % (16 * self.warps):
             raise ValueError(f"block_n must be a positive multiple of 16*warps={16 * self.warps}, "
                              f"got {self.block_n}")
         for name in ("wgmma_wait", "group_steps"):
@@ -310,6 +320,24 @@ class Schedule:
                              f"with swap=0")
         if self.swap == 0 and self.block_m % 16:
             raise ValueError(f"swap=0 (tokens on the MMA M side) needs block_m a multiple of 16, got {self.block_m}")
+
+    def _check_direct_tile(self) -> None:
+        """The direct loop (direct=1): its warps split K, each walking every tile of the N block."""
+        if self.block_n not in DIRECT_BLOCK_NS:
+            raise ValueError(f"direct=1 keeps a partial of every tile of the N block in each warp, so block_n must be "
+                             f"one of {DIRECT_BLOCK_NS}, got {self.block_n}")
+        if self.block_m > 32:
+            raise ValueError(f"direct=1 copies every token row into each warp's ring slot, so block_m must be "
+                             f"at most 32, got {self.block_m}")
+        clash = {k: getattr(self, k) for k in ("fold", "producer", "stream_k", "n_tiles", "pdl_prefetch")
+                 if getattr(self, k) != KNOB[k].default}
+        if self.swap != 1:
+            clash = {"swap": self.swap, **clash}
+        if clash:
+            raise ValueError("direct=1 needs swap=1 and the default fold / producer / stream_k / n_tiles / "
+                             "pdl_prefetch (one N block per CTA, each warp filling its own ring: no producer, "
+                             "folded scales, stream-K walk or prefetch of a CTA ring), got "
+                             + ", ".join(f"{k}={v}" for k, v in clash.items()))
 
     def _check_combinations(self) -> None:
         """The rules between knobs (which knobs apply together)."""
@@ -362,6 +390,9 @@ class Schedule:
         if self.tma_x and self.family == "indexed":
             raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
                              "gathers its rows")
+        if self.direct and wg:
+            raise ValueError("direct=1 is the mma loop's register path (mainloop mma); wgmma reads its tokens from "
+                             "the shared-memory ring")
         if self.fold and (wg or self.swap != 1):
             raise ValueError(f"fold=1 needs mainloop mma with the operand swap (swap=1), got mainloop={self.mainloop}, "
                              f"swap={self.swap}")
@@ -394,6 +425,12 @@ class Schedule:
         number)."""
         tiles16 = self.block_n // 16
         epilogue = self.block_m * (self.block_n + 8) * 2
+        if self.direct:  # the warps' rings, then their fp32 partials, then the epilogue's tile (mma_direct.cuh)
+            rings = self.warps * self.stages * (tiles16 * 512 + tiles16 * 64 + self.block_m * (K_BLOCK * 2 + 16))
+            partials = max(rings, self.warps * tiles16 * (self.block_m // 8) * 512 if self.warps > 1 else 0)
+            if self.split_cluster:
+                epilogue = max(epilogue, self.block_m * self.block_n * 4)
+            return max(partials, epilogue)
         stage = self.block_m * K_BLOCK * 2 + tiles16 * 512 + tiles16 * 64
         slack = 0
         if self.mainloop == "wgmma":

@@ -71,6 +71,8 @@ class Optimization:
                             bulk_w=KNOB["bulk_w"].default,
                             tma_x=KNOB["tma_x"].default, l2_hint=KNOB["l2_hint"].default,
                             block_m=min(schedule.block_m, 128))
+        if self.knob == "direct":  # the CTA ring's warps each own block_n / 16 / warps tiles: at most block_n / 16
+            return override(schedule, direct=off, warps=min(schedule.warps, schedule.block_n // 16))
         if self.knob == "persistent":  # the work queue hands persistent CTAs their items: off with them
             return override(schedule, persistent=off, queue=KNOB["queue"].default)
         if self.knob == "split_k":  # one CTA per tile has nothing to sum through a cluster: off with it
@@ -190,6 +192,14 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "CTA, summed by its last contributor in CTA order (deterministic) in the same pass (TP8 one "
                  "token: 8 of 384 experts); off: one CTA per tile (or split_k)",
                  "knob", "stream_k", IMPLEMENTED, "06_split_and_stream_k"),
+    Optimization("warp-private rings",
+                 "mma loop, operand swap (direct=1): the CTA's warps split its K range, each walking its share of "
+                 "every tile of the N block through its own cp.async ring and waiting only for its own copy groups "
+                 "(no CTA barrier in the K loop); the warps' fp32 partials are summed once, in warp order, before "
+                 "the epilogue, so a one-token GEMM can give every SM several independent streams without split-K "
+                 "CTAs (TP8 one token). Not yet measured on a GPU, in no profile rule; off: one ring per CTA, a CTA "
+                 "barrier per K block, at most block_n / 16 warps",
+                 "knob", "direct", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("bounded 2-CTA/SM window",
                  "register budget for two resident CTAs per SM on mid-size tiles, to hide cp.async latency; off: "
                  "one CTA per SM",

@@ -3,7 +3,7 @@
 // Cfg::kBlockM, Cfg::kSplitK, ...):
 //   family (row source: indexed / grouped_contiguous / grouped_masked, moe/rows.cuh)
 //   x main loop (mainloop/, one part each, chosen by MainloopFor: MmaSwap16, cp.async +
-//     mma.sync; MmaProducer, its tile fed by a producer warp (bulk copies, mbarriers); WgmmaMultistage, cp.async + wgmma with a CTA barrier per K block;
+//     mma.sync; MmaDirect, mma.sync on weights loaded straight into registers; MmaProducer, its tile fed by a producer warp (bulk copies, mbarriers); WgmmaMultistage, cp.async + wgmma with a CTA barrier per K block;
 //     WgmmaWarpSpecialized, a producer warpgroup and mbarriers; the two wgmma loops share
 //     WgmmaTile)
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
@@ -22,7 +22,9 @@
 //   x PDL that prefetches (PDL_PREFETCH: before the wait, about the first wave asks L2 for the
 //     first ring of weights and scales of the grid's CTAs, moe/prefetch.cuh)
 //   x stream-K (STREAMK, indexed family on the mma loop: about one wave of CTAs splits the valid
-//     (tile, K block) units evenly, moe/stream_k.cuh).
+//     (tile, K block) units evenly, moe/stream_k.cuh)
+//   x weights straight into registers (the mma loop's direct = 1, MmaDirect: the CTA's warps
+//     split its K range, no shared-memory ring, their partials summed once before the epilogue).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
 // tile after the other through one continuous pipeline (the ring keeps loading the next tile's
 // K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile
@@ -38,6 +40,7 @@
 #include "common/params.cuh"
 #include "common/stamps.cuh"
 #include "common/tma.cuh"
+#include "mainloop/mma_direct.cuh"
 #include "mainloop/mma_producer.cuh"
 #include "mainloop/mma_swap16.cuh"
 #include "mainloop/wgmma_multistage.cuh"
@@ -54,12 +57,14 @@ struct MaxOf {
   static constexpr int value = A > B ? A : B;
 };
 
-// The main loop part a configuration names: mainloop mma -> MmaSwap16, or MmaProducer with
-// producer = 1; wgmma -> WgmmaMultistage, or WgmmaWarpSpecialized with producer = 1.
+// The main loop part a configuration names: mainloop mma -> MmaSwap16, MmaProducer with
+// producer = 1, or MmaDirect with direct = 1; wgmma -> WgmmaMultistage, or WgmmaWarpSpecialized
+// with producer = 1.
 template <class Cfg>
 struct MainloopFor {
   using type = std::conditional_t<
-      Cfg::kMainloop == Mainloop::kMma, std::conditional_t<Cfg::kProducer, MmaProducer<Cfg>, MmaSwap16<Cfg>>,
+      Cfg::kMainloop == Mainloop::kMma,
+      std::conditional_t<Cfg::kProducer, MmaProducer<Cfg>, std::conditional_t<Cfg::kDirect, MmaDirect<Cfg>, MmaSwap16<Cfg>>>,
       std::conditional_t<Cfg::kProducer, WgmmaWarpSpecialized<Cfg>, WgmmaMultistage<Cfg>>>;
 };
 
@@ -119,6 +124,9 @@ struct MoeKernel {
                              RASTER == 0 && !kTmaX),
                 "STREAMK: the indexed family, splitting the tile grid itself (no split-K, n_tiles, persistent, "
                 "raster or pairs)");
+  static_assert(!Cfg::kDirect || (NTILES == 1 && !PERSISTENT && !STREAMK && !PDL_PREFETCH),
+                "direct main loop: one N block per CTA (no n_tiles, persistent walk or stream-K), no prefetch before "
+                "the PDL wait");
   static_assert(!PDL_PREFETCH || (PDL && !PERSISTENT && !STREAMK),
                 "PDL_PREFETCH: a PDL launch of one item per CTA (the launched grid's tiles)");
 

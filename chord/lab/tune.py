@@ -81,6 +81,12 @@ TMA_X_MIN_BLOCK_M = 192
 # was never faster (0.955-0.995x), so 2 only cost tuning time.
 L2_HINTS = (1,)
 N_TILES = (2, 4)  # n_tiles candidates at short K
+# Warp-private rings (direct=1), 8-token tiles below DIRECT_MAX_ROWS rows per expert (TP8 one token,
+# EP8 decode at one row per expert): (block_n, warps, stages), narrow N blocks with deep rings to
+# give every SM several independent weight streams without split-K, wide ones for short K (TP8
+# down: 4 K blocks, one per warp). Not yet timed on a GPU: the first tune of the shapes decides.
+DIRECT_MAX_ROWS = 2
+DIRECT_TILES = ((32, 8, 8), (64, 8, 4), (64, 4, 4), (128, 4, 2), (128, 8, 3))
 
 
 def block_m_candidates(rows_per_expert: float, block_ms: tuple = BLOCK_MS, above: int = 0) -> tuple[int, ...]:
@@ -125,7 +131,8 @@ def candidates(family: str, n: int, rows_per_expert: float,
     out += [v for s in out for v in _pair_and_tma_variants(family, n, rows_per_expert, s)]
     # folded group scales on the 8-token mma tiles, where they save most instructions per weight
     # (docs/optimizations.md: -1.4 to -3 % on EP8-decode gate_up, +2-4 % on TP8 one / 16 tokens)
-    out += [dataclasses.replace(s, fold=1) for s in list(out) if s.mainloop == "mma" and s.block_m == 8 and s.swap == 1]
+    out += [dataclasses.replace(s, fold=1) for s in list(out) if s.mainloop == "mma" and s.block_m == 8 and s.swap == 1
+            and not s.direct]
     # the decode tiles fed by a producer warp (bulk copies of whole tile groups, an mbarrier ring)
     out += [c for c in (_or_none(dataclasses.replace, s, producer=1) for s in list(out)
                         if s.mainloop == "mma" and s.block_m <= 16 and s.block_n % 128 == 0 and not s.stream_k)
@@ -216,6 +223,14 @@ def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops:
                         s = Schedule(family, 8, bn, 4, stages, ctas, stream_k=1)
                         if _fits(s):
                             out.append(s)
+        if rows_per_expert < DIRECT_MAX_ROWS:  # warp-private rings: every warp of a CTA streams its own K share
+            for bn, warps, stages in DIRECT_TILES:
+                if n % bn:
+                    continue
+                for split in (1, 2):
+                    s = _or_none(Schedule, family, 8, bn, warps, stages, 1, split, direct=1)
+                    if s is not None and _fits(s):
+                        out.append(s)
     if "wgmma" in mainloops and rows_per_expert >= WGMMA_MIN_ROWS:
         for bm in block_m_candidates(rows_per_expert, WGMMA_BLOCK_MS, above=1):
             for bn, warps, gs in WGMMA_TILES:

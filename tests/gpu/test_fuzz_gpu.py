@@ -28,6 +28,11 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
 CASES = _env.get("CHORD_FUZZ_CASES")  # default 500
 SKEWS = ("uniform", "zipf", "one_expert", "empty_experts")
 SAMPLED = 40  # knob-space schedules per family
+# (block_m, block_n, warps, stages, other knobs) of the direct loop's cases in every family's pool
+DIRECT_CASES = ((8, 32, 8, 8, {}), (8, 64, 8, 4, {"split_k": 2}), (8, 128, 4, 2, {}), (8, 16, 4, 6, {}),
+                (16, 64, 2, 3, {}), (24, 32, 1, 4, {}), (32, 128, 8, 2, {"split_k": 3}),
+                (8, 64, 8, 4, {"split_k": 2, "split_cluster": 1}), (8, 128, 4, 2, {"pdl": 1}),
+                (16, 128, 8, 3, {"stmatrix": 0}))
 
 
 def _sample(family: str, rng: random.Random) -> Schedule | None:
@@ -121,6 +126,11 @@ def fuzz_pool(family: str) -> list[Schedule]:
             made += 1
             if made == 2:
                 break
+    # warp-private rings (direct=1; no rule uses them yet): every N block (16-128), token tiles of
+    # 8-32 rows, 1-8 warps, 2-8 stages, split in two or three, through a cluster, PDL, plain stores
+    for bm, bn, warps, stages, kw in DIRECT_CASES:
+        v = Schedule(family, bm, bn, warps, stages, direct=1, **kw)
+        pool[v.id] = v
     rng = random.Random(1234 + FAMILIES.index(family))
     sampled = 0
     for _ in range(20000):

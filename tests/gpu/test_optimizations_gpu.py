@@ -252,3 +252,49 @@ def test_bulk_copies_same_bits(pair, k):
     assert rows > 0
     assert torch.equal(got_on.view(torch.int16), got_off.view(torch.int16)), (on.id, off.id)
     assert rel_err(got_on, ref) < BF16_TOL, on.id
+
+
+# Warp-private rings (direct=1): the CTA's warps split K and sum their partials in warp order, so
+# the bits are not the CTA ring's; each case is checked against the float32 reference (poisoned
+# outputs), against its CTA-ring side (switch_off) within the same tolerance, and for the same bits
+# on a second call. The TP8 one-token candidates (gate_up N 512, down K 256 shapes below), split-K
+# through the workspace and a cluster, PDL, 1-8 warps, every family.
+DIRECT_SCHEDULES = [
+    "idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n64k64-w8-s4-c1-sk2-dr1", "idx-m8n64k64-w8-s4-c1-sk2-skc1-dr1",
+    "idx-m8n128k64-w4-s2-c1-dr1", "idx-m8n64k64-w4-s2-c1-pd1-dr1", "idx-m16n16k64-w1-s3-c1-dr1",
+    "idx-m32n128k64-w8-s2-c1-sk3-dr1", "gcon-m16n128k64-w4-s3-c1-dr1", "gcon-m8n32k64-w2-s5-c1-sk2-skc1-dr1",
+    "gmsk-m8n64k64-w8-s4-c1-dr1", "gmsk-m24n64k64-w4-s3-c1-sk2-dr1",
+]
+
+
+@pytest.mark.parametrize("sid", DIRECT_SCHEDULES)
+@pytest.mark.parametrize("k", [64, 448, 1408])  # 1, 7 and 22 K blocks: warps with none, one, several
+def test_direct_rings_match_reference(sid, k):
+    on = Schedule.from_id(sid)
+    o = optimizations.BY_NAME["warp-private rings"]
+    off = o.switch_off(on)
+    assert o.is_on(on) and not o.is_on(off) and not off.direct
+    qe, pw = experts(6, 512, k)
+    got, ref, rows = run_family(on, qe, pw, seed=21)
+    again, _, _ = run_family(on, qe, pw, seed=21)
+    got_off, _, _ = run_family(off, qe, pw, seed=21)
+    assert rows > 0
+    assert rel_err(got, ref) < BF16_TOL, sid
+    assert rel_err(got_off, ref) < BF16_TOL, off.id
+    assert torch.equal(got.view(torch.int16), again.view(torch.int16)), f"{sid}: two calls gave different bits"
+
+
+@pytest.mark.parametrize("sid,n,k", [("idx-m8n32k64-w8-s8-c1-dr1", 512, 7168),
+                                     ("idx-m8n64k64-w8-s4-c1-sk2-dr1", 512, 7168),
+                                     ("idx-m8n128k64-w4-s2-c1-dr1", 7168, 256),
+                                     ("idx-m8n64k64-w4-s2-c1-dr1", 7168, 256)])
+def test_direct_rings_tp8_one_token(sid, n, k):
+    """TP8 one token: one row, routed to 8 of 48 experts (1 row each), at the layer's N and K."""
+    s = Schedule.from_id(sid)
+    qe, pw = experts(48, n, k, seed=3)
+    ids = routing.random_topk_ids(1, 48, 8, seed=4, device="cuda")
+    r = routing.align_block_size(ids, s.block_m, 48)
+    x = torch.randn(1, k, device="cuda").bfloat16()
+    out = poisoned(8, n)
+    ops.gemm_indexed(x, pw, r, top_k=8, out=out, schedule=s)
+    assert rel_err(out, reference.indexed_gemm_ref(x, qe, None, r, 8)) < BF16_TOL, sid
