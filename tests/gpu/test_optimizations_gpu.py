@@ -259,21 +259,28 @@ def test_bulk_copies_same_bits(pair, k):
 # outputs), against its CTA-ring side (switch_off) within the same tolerance, and for the same bits
 # on a second call. The TP8 one-token candidates (gate_up N 512, down K 256 shapes below), split-K
 # through the workspace and a cluster, PDL, 1-8 warps, every family.
-DIRECT_SCHEDULES = [
-    "idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n64k64-w8-s4-c1-sk2-dr1", "idx-m8n64k64-w8-s4-c1-sk2-skc1-dr1",
-    "idx-m8n128k64-w4-s2-c1-dr1", "idx-m8n64k64-w4-s2-c1-pd1-dr1", "idx-m16n16k64-w1-s3-c1-dr1",
-    "idx-m32n128k64-w8-s2-c1-sk3-dr1", "gcon-m16n128k64-w4-s3-c1-dr1", "gcon-m8n32k64-w2-s5-c1-sk2-skc1-dr1",
-    "gmsk-m8n64k64-w8-s4-c1-dr1", "gmsk-m24n64k64-w4-s3-c1-sk2-dr1",
+DIRECT_PAIRS = [  # (direct, its CTA-ring side: optimizations' switch_off)
+    ("idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n32k64-w2-s8-c1"),
+    ("idx-m8n64k64-w8-s4-c1-sk2-dr1", "idx-m8n64k64-w4-s4-c1-sk2"),
+    ("idx-m8n64k64-w8-s4-c1-sk2-skc1-dr1", "idx-m8n64k64-w4-s4-c1-sk2-skc1"),
+    ("idx-m8n128k64-w4-s2-c1-dr1", "idx-m8n128k64-w4-s2-c1"),
+    ("idx-m8n64k64-w4-s2-c1-pd1-dr1", "idx-m8n64k64-w4-s2-c1-pd1"),
+    ("idx-m16n16k64-w1-s3-c1-dr1", "idx-m16n16k64-w1-s3-c1"),
+    ("idx-m32n128k64-w8-s2-c1-sk3-dr1", "idx-m32n128k64-w8-s2-c1-sk3"),
+    ("gcon-m16n128k64-w4-s3-c1-dr1", "gcon-m16n128k64-w4-s3-c1"),
+    ("gcon-m8n32k64-w2-s5-c1-sk2-skc1-dr1", "gcon-m8n32k64-w2-s5-c1-sk2-skc1"),
+    ("gmsk-m8n64k64-w8-s4-c1-dr1", "gmsk-m8n64k64-w4-s4-c1"),
+    ("gmsk-m24n64k64-w4-s3-c1-sk2-dr1", "gmsk-m24n64k64-w4-s3-c1-sk2"),
 ]
 
 
-@pytest.mark.parametrize("sid", DIRECT_SCHEDULES)
+@pytest.mark.parametrize("pair", DIRECT_PAIRS, ids=lambda p: p[0])
 @pytest.mark.parametrize("k", [64, 448, 1408])  # 1, 7 and 22 K blocks: warps with none, one, several
-def test_direct_rings_match_reference(sid, k):
-    on = Schedule.from_id(sid)
+def test_direct_rings_match_reference(pair, k):
+    sid = pair[0]
+    on, off = Schedule.from_id(pair[0]), Schedule.from_id(pair[1])
     o = optimizations.BY_NAME["warp-private rings"]
-    off = o.switch_off(on)
-    assert o.is_on(on) and not o.is_on(off) and not off.direct
+    assert o.is_on(on) and o.switch_off(on) == off and not o.is_on(off)
     qe, pw = experts(6, 512, k)
     got, ref, rows = run_family(on, qe, pw, seed=21)
     again, _, _ = run_family(on, qe, pw, seed=21)
