@@ -82,8 +82,10 @@ class Optimization:
         if self.knob == "swap":
             # tokens on the M side come in 16-row MMA tiles: an 8-row tile becomes a 16-row one (an
             # indexed call then needs routing for that block size)
-            # (folded scales need the swap: they go off with it)
-            return override(schedule, swap=off, block_m=-(-schedule.block_m // 16) * 16, fold=KNOB["fold"].default)
+            # (folded scales and warp-private rings need the swap: they go off with it)
+            return override(schedule, swap=off, block_m=-(-schedule.block_m // 16) * 16, fold=KNOB["fold"].default,
+                            direct=KNOB["direct"].default,
+                            warps=min(schedule.warps, schedule.block_n // 16) if schedule.direct else schedule.warps)
         return override(schedule, **{self.knob: off})
 
 
