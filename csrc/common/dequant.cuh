@@ -24,6 +24,25 @@ __device__ __forceinline__ void dequant_swap16(uint32_t word, __nv_bfloat162 s_l
   }
 }
 
+// One 16-feature weight tile's two k16 steps of scale group h (steps 2h and 2h + 1, h a constant
+// once unrolled): each step's word of the tile's swap16 words dequantized with the group's bf16
+// scale pair (row g low, row g + 8 high), its four A registers handed to mma(ss2, a) with ss2 the
+// step within the group. Both mma-loop parts (MmaSwap16, MmaDirect) dequantize through it.
+template <class Mma>
+__device__ __forceinline__ void dequant_group(const uint4& words, uint32_t scale_pair, int h, Mma&& mma) {
+  const __nv_bfloat162 sp = as_bf162(scale_pair);
+  const __nv_bfloat162 s_lo = __low2bfloat162(sp);
+  const __nv_bfloat162 s_hi = __high2bfloat162(sp);
+#pragma unroll
+  for (int ss2 = 0; ss2 < 2; ++ss2) {
+    const int step = 2 * h + ss2;
+    const uint32_t w = step == 0 ? words.x : step == 1 ? words.y : step == 2 ? words.z : words.w;
+    uint32_t a[4];
+    dequant_swap16(w, s_lo, s_hi, a);
+    mma(ss2, a);
+  }
+}
+
 // The folded path (MmaSwap16 with Cfg::kFold): the same A registers holding the bf16 values
 // 128 + u (exact) with neither the bias nor the scale applied. The MMA of a 32-K scale group then
 // starts from -136 * sum(x) (an MMA of the constant -136 with the group's activations) so its

@@ -113,18 +113,10 @@ struct MmaDirect {
           b[i][q] = *reinterpret_cast<const uint32_t*>(sx + i * 8 * kXRow + (2 * h + q / 2) * 32 + (q % 2) * 16);
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
-        const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
-        const __nv_bfloat162 s_lo = __low2bfloat162(sp);
-        const __nv_bfloat162 s_hi = __high2bfloat162(sp);
-#pragma unroll
-        for (int ss2 = 0; ss2 < 2; ++ss2) {
-          const int step = 2 * h + ss2;
-          const uint32_t w = step == 0 ? words[j].x : step == 1 ? words[j].y : step == 2 ? words[j].z : words[j].w;
-          uint32_t a[4];
-          dequant_swap16(w, s_lo, s_hi, a);
+        dequant_group(words[j], h == 0 ? scl[j].x : scl[j].y, h, [&](int ss2, const uint32_t (&a)[4]) {
 #pragma unroll
           for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(part[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
-        }
+        });
       }
     }
   }
