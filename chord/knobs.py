@@ -329,15 +329,14 @@ class Schedule:
         if self.block_m > 32:
             raise ValueError(f"direct=1 copies every token row into each warp's ring slot, so block_m must be "
                              f"at most 32, got {self.block_m}")
-        clash = {k: getattr(self, k) for k in ("fold", "producer", "stream_k", "n_tiles", "pdl_prefetch")
+        clash = {k: getattr(self, k) for k in ("producer", "stream_k", "n_tiles", "pdl_prefetch")
                  if getattr(self, k) != KNOB[k].default}
         if self.swap != 1:
             clash = {"swap": self.swap, **clash}
         if clash:
-            raise ValueError("direct=1 needs swap=1 and the default fold / producer / stream_k / n_tiles / "
-                             "pdl_prefetch (one N block per CTA, each warp filling its own ring: no producer, "
-                             "folded scales, stream-K walk or prefetch of a CTA ring), got "
-                             + ", ".join(f"{k}={v}" for k, v in clash.items()))
+            raise ValueError("direct=1 needs swap=1 and the default producer / stream_k / n_tiles / pdl_prefetch "
+                             "(one N block per CTA, each warp filling its own ring: no producer, stream-K walk or "
+                             "prefetch of a CTA ring), got " + ", ".join(f"{k}={v}" for k, v in clash.items()))
 
     def _check_combinations(self) -> None:
         """The rules between knobs (which knobs apply together)."""

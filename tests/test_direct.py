@@ -14,6 +14,9 @@ from test_pdl import _toolkit_file
 
 
 def test_id_round_trip_and_rules():
+    fo = Schedule.from_id("idx-m8n32k64-w8-s8-c1-fo1-dr1")  # folded group scales on the warps' rings
+    assert fo.fold == 1 and fo.direct == 1
+    assert optimizations.BY_NAME["folded group scales"].switch_off(fo) == Schedule.from_id("idx-m8n32k64-w8-s8-c1-dr1")
     s = Schedule.from_id("idx-m8n32k64-w8-s8-c1-dr1")
     assert s.direct == 1 and s.warps == 8 and s.block_n == 32 and s.id == "idx-m8n32k64-w8-s8-c1-dr1"
     assert KNOB["direct"].off == 0 and KNOB["direct"].applies(lambda k: getattr(s, k))
@@ -24,7 +27,6 @@ def test_id_round_trip_and_rules():
                       ("idx-m8n256k64-w4-s4-c1-dr1", "block_n must be one of \\(16, 32, 64, 128\\), got 256"),
                       ("idx-m40n64k64-w4-s4-c1-dr1", "block_m must be at most 32, got 40"),
                       ("idx-m16n64k64-w4-s4-c1-swap0-dr1", "needs swap=1 .* got swap=0"),
-                      ("idx-m8n64k64-w4-s4-c1-fo1-dr1", "got fold=1"),
                       ("idx-m8n128k64-w4-s4-c1-ws1-dr1", "got producer=1"),
                       ("idx-m8n64k64-w4-s4-c1-stk1-dr1", "got stream_k=1"),
                       ("idx-m8n64k64-w4-s4-c1-nt2-dr1", "got n_tiles=2"),
@@ -67,7 +69,8 @@ def test_tune_offers_direct_tiles_only_at_few_rows_per_expert():
     assert {"idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n64k64-w8-s4-c1-sk2-dr1"} <= ids
     assert not any(s.direct for s in tune.candidates("indexed", 512, 16.0, k=7168))
     assert not any(s.direct for s in tune.candidates("indexed", 512, 0.5, mainloops=("wgmma",), k=7168))
-    assert all(s.fold == 0 and s.producer == 0 for s in tp8 if s.direct)
+    assert all(s.producer == 0 for s in tp8 if s.direct)
+    assert {s.id for s in tp8 if s.direct and s.fold} == {i.replace("-dr1", "-fo1-dr1") for i in ids if "-fo1" not in i}
 
 
 def _sass_lines(cubin):
@@ -83,7 +86,8 @@ def _sass_lines(cubin):
 
 @needs_nvcc
 @pytest.mark.parametrize("sid", ["idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n64k64-w8-s4-c1-sk2-dr1",
-                                 "gmsk-m8n128k64-w4-s3-c1-pd1-dr1", "gcon-m16n64k64-w2-s4-c1-sk2-skc1-dr1"])
+                                 "gmsk-m8n128k64-w4-s3-c1-pd1-dr1", "gcon-m16n64k64-w2-s4-c1-sk2-skc1-dr1",
+                                 "idx-m8n32k64-w8-s8-c1-fo1-dr1"])
 def test_the_k_loop_waits_per_warp_and_has_no_cta_barrier(sid, tmp_path, monkeypatch):
     """The built kernel's K loop (the backward branch around the wait on the copy groups) holds the
     ring's DEPBAR.LE SB0, stages - 2, a WARPSYNC, the copies and the MMAs, and no BAR: no warp waits

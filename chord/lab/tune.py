@@ -131,8 +131,7 @@ def candidates(family: str, n: int, rows_per_expert: float,
     out += [v for s in out for v in _pair_and_tma_variants(family, n, rows_per_expert, s)]
     # folded group scales on the 8-token mma tiles, where they save most instructions per weight
     # (docs/optimizations.md: -1.4 to -3 % on EP8-decode gate_up, +2-4 % on TP8 one / 16 tokens)
-    out += [dataclasses.replace(s, fold=1) for s in list(out) if s.mainloop == "mma" and s.block_m == 8 and s.swap == 1
-            and not s.direct]
+    out += [dataclasses.replace(s, fold=1) for s in list(out) if s.mainloop == "mma" and s.block_m == 8 and s.swap == 1]
     # the decode tiles fed by a producer warp (bulk copies of whole tile groups, an mbarrier ring)
     out += [c for c in (_or_none(dataclasses.replace, s, producer=1) for s in list(out)
                         if s.mainloop == "mma" and s.block_m <= 16 and s.block_n % 128 == 0 and not s.stream_k)

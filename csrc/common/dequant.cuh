@@ -52,4 +52,39 @@ __device__ __forceinline__ void codes_swap16(uint32_t word, uint32_t (&regs)[4])
   for (int j = 0; j < 4; ++j) regs[j] = lop3_and_or(word >> (4 * j), 0x000F000Fu, 0x43004300u);
 }
 
+// The folded path's two halves for one 32-K scale group h, shared by MmaSwap16 and MmaDirect
+// (with Cfg::kFold). fold_bias: a token tile's bias = -136 * sum_k x over the group, one MMA pair
+// of the constant -136 with its B fragments b = {step 2h: k lo, k hi; step 2h + 1: k lo, k hi}
+// (once per token tile for all of a warp's weight tiles). fold_group: one weight tile's partial of the group, started from the bias, with its raw
+// codes 128 + u as the A operand (exact bf16), so it ends as sum(q * x) in fp32, then
+// acc += scale * partial (rows g / g + 8, elements 0-1 / 2-3, take the low / high scale).
+__device__ __forceinline__ void fold_bias(const uint32_t (&b)[4], float (&bias)[4]) {
+  const uint32_t neg_bias[4] = {0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u};  // -136.0
+  const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+  mma_bf16_m16n8k16_c(bias, neg_bias, b[0], b[1], zero);
+  mma_bf16_m16n8k16(bias, neg_bias, b[2], b[3]);
+}
+template <int KT>
+__device__ __forceinline__ void fold_group(const uint4& words, uint32_t scale_pair, int h, const uint32_t (&b)[KT][4],
+                                           const float (&bias)[KT][4], float (&acc)[KT][4]) {
+  const __nv_bfloat162 sp = as_bf162(scale_pair);
+  const float s_lo = __low2float(sp);
+  const float s_hi = __high2float(sp);
+  const uint32_t w0 = h == 0 ? words.x : words.z;
+  const uint32_t w1 = h == 0 ? words.y : words.w;
+  uint32_t a0[4], a1[4];
+  codes_swap16(w0, a0);
+  codes_swap16(w1, a1);
+#pragma unroll
+  for (int i = 0; i < KT; ++i) {
+    float part[4];
+    mma_bf16_m16n8k16_c(part, a0, b[i][0], b[i][1], bias[i]);
+    mma_bf16_m16n8k16(part, a1, b[i][2], b[i][3]);
+    acc[i][0] = fmaf(s_lo, part[0], acc[i][0]);
+    acc[i][1] = fmaf(s_lo, part[1], acc[i][1]);
+    acc[i][2] = fmaf(s_hi, part[2], acc[i][2]);
+    acc[i][3] = fmaf(s_hi, part[3], acc[i][3]);
+  }
+}
+
 }  // namespace chord

@@ -12,10 +12,10 @@
 // Weights and scales stream evict-first. (Plain loads into a register ring do not pipeline:
 // ptxas puts every load of the ring on one scoreboard, so consuming the oldest K block waits for
 // the newest.) A K block is dequantized and fed to mma.sync.m16n8k16 (the operand swap's tokens
-// on N) as in MmaSwap16. After the loop the warps' fp32 partials meet once in shared memory and
-// warp m (m < kMmaWarps) sums tiles m*kNTW.. over the warps in warp order (deterministic) into
-// the accumulator layout of moe/epilogue.cuh, so the epilogue and split-K (workspace or cluster)
-// are the other loops' own.
+// on N) as in MmaSwap16, with or without folded group scales (fold). After the loop the warps'
+// fp32 partials meet once in shared memory and warp m (m < kMmaWarps) sums tiles m*kNTW.. over
+// the warps in warp order (deterministic) into the accumulator layout of moe/epilogue.cuh, so the
+// epilogue and split-K (workspace or cluster) are the other loops' own.
 //
 // The bits differ from MmaSwap16's (each warp's K share is a separate fp32 partial); they are the
 // same from run to run and checked against the float32 reference.
@@ -32,15 +32,15 @@
 namespace chord {
 
 // Cfg: the schedule's configuration struct (chord.jit.render_config); this part reads block_m,
-// block_n, warps and stages (each warp's ring).
+// block_n, warps, stages (each warp's ring) and fold.
 template <class Cfg>
 struct MmaDirect {
   static constexpr int BT = Cfg::kBlockM;
   static constexpr int BN = Cfg::kBlockN;
   static constexpr int WARPS = Cfg::kWarps;
   static constexpr int STAGES = Cfg::kStages;
-  static_assert(Cfg::kSwap && !Cfg::kFold && !Cfg::kProducer,
-                "direct main loop: the operand swap, unfolded scales, no producer warp");
+  static constexpr bool FOLD = Cfg::kFold;  // scales on fp32 partials per 32-K group (common/dequant.cuh fold_group)
+  static_assert(Cfg::kSwap && !Cfg::kProducer, "direct main loop: the operand swap, no producer warp");
   static_assert(BT % 8 == 0 && BT >= 8 && BT <= 32, "direct main loop: BT multiple of 8 in [8, 32]");
   static constexpr int kNTiles = BN / 16;  // 16-row weight tiles of the N block (every warp walks all of them)
   static_assert(BN % 16 == 0 && kNTiles >= 1 && kNTiles <= 8 && (kNTiles & (kNTiles - 1)) == 0,
@@ -91,7 +91,7 @@ struct MmaDirect {
   }
 
   // The MMAs of one landed slot into the warp's partial (the order of MmaSwap16's compute_stage:
-  // scale group, tile, k16 step, token tile).
+  // scale group, tile, k16 step, token tile; FOLD: its compute_stage_folded's).
   __device__ __forceinline__ static void compute(const uint8_t* sl, Part& part) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;
@@ -111,12 +111,20 @@ struct MmaDirect {
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           b[i][q] = *reinterpret_cast<const uint32_t*>(sx + i * 8 * kXRow + (2 * h + q / 2) * 32 + (q % 2) * 16);
+      if constexpr (FOLD) {
+        float bias[kTT][4];
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        dequant_group(words[j], h == 0 ? scl[j].x : scl[j].y, h, [&](int ss2, const uint32_t (&a)[4]) {
+        for (int i = 0; i < kTT; ++i) fold_bias(b[i], bias[i]);
 #pragma unroll
-          for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(part[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
-        });
+        for (int j = 0; j < kNTiles; ++j) fold_group(words[j], h == 0 ? scl[j].x : scl[j].y, h, b, bias, part[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+          dequant_group(words[j], h == 0 ? scl[j].x : scl[j].y, h, [&](int ss2, const uint32_t (&a)[4]) {
+#pragma unroll
+            for (int i = 0; i < kTT; ++i) mma_bf16_m16n8k16(part[j][i], a, b[i][2 * ss2], b[i][2 * ss2 + 1]);
+          });
+        }
       }
     }
   }

@@ -125,8 +125,6 @@ struct MmaSwap16 {
     load_weight_fragments(st, words, scl);
     const int lane = threadIdx.x % 32;
     const uint8_t* sx = st + kWBytes + kSBytes;
-    const uint32_t neg_bias[4] = {0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u};  // -136.0
-    const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -137,30 +135,10 @@ struct MmaSwap16 {
         const int r = i * 8 + (lane & 7);
         const int ch = 4 * h + (lane >> 3);
         ldmatrix_x4(b[i], sx + r * 128 + ((ch ^ (r & 7)) * 16));
-        mma_bf16_m16n8k16_c(bias[i], neg_bias, b[i][0], b[i][1], zero);
-        mma_bf16_m16n8k16(bias[i], neg_bias, b[i][2], b[i][3]);
+        fold_bias(b[i], bias[i]);
       }
 #pragma unroll
-      for (int j = 0; j < kNTW; ++j) {
-        const __nv_bfloat162 sp = as_bf162(h == 0 ? scl[j].x : scl[j].y);
-        const float s_lo = __low2float(sp);
-        const float s_hi = __high2float(sp);
-        const uint32_t w0 = h == 0 ? words[j].x : words[j].z;
-        const uint32_t w1 = h == 0 ? words[j].y : words[j].w;
-        uint32_t a0[4], a1[4];
-        codes_swap16(w0, a0);
-        codes_swap16(w1, a1);
-#pragma unroll
-        for (int i = 0; i < kTT; ++i) {
-          float part[4];
-          mma_bf16_m16n8k16_c(part, a0, b[i][0], b[i][1], bias[i]);
-          mma_bf16_m16n8k16(part, a1, b[i][2], b[i][3]);
-          acc[j][i][0] = fmaf(s_lo, part[0], acc[j][i][0]);
-          acc[j][i][1] = fmaf(s_lo, part[1], acc[j][i][1]);
-          acc[j][i][2] = fmaf(s_hi, part[2], acc[j][i][2]);
-          acc[j][i][3] = fmaf(s_hi, part[3], acc[j][i][3]);
-        }
-      }
+      for (int j = 0; j < kNTW; ++j) fold_group(words[j], h == 0 ? scl[j].x : scl[j].y, h, b, bias, acc[j]);
     }
   }
 

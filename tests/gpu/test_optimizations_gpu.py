@@ -258,7 +258,7 @@ def test_bulk_copies_same_bits(pair, k):
 # the bits are not the CTA ring's; each case is checked against the float32 reference (poisoned
 # outputs), against its CTA-ring side (switch_off) within the same tolerance, and for the same bits
 # on a second call. The TP8 one-token candidates (gate_up N 512, down K 256 shapes below), split-K
-# through the workspace and a cluster, PDL, 1-8 warps, every family.
+# through the workspace and a cluster, PDL, folded group scales, 1-8 warps, every family.
 DIRECT_PAIRS = [  # (direct, its CTA-ring side: optimizations' switch_off)
     ("idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n32k64-w2-s8-c1"),
     ("idx-m8n64k64-w8-s4-c1-sk2-dr1", "idx-m8n64k64-w4-s4-c1-sk2"),
@@ -271,6 +271,8 @@ DIRECT_PAIRS = [  # (direct, its CTA-ring side: optimizations' switch_off)
     ("gcon-m8n32k64-w2-s5-c1-sk2-skc1-dr1", "gcon-m8n32k64-w2-s5-c1-sk2-skc1"),
     ("gmsk-m8n64k64-w8-s4-c1-dr1", "gmsk-m8n64k64-w4-s4-c1"),
     ("gmsk-m24n64k64-w4-s3-c1-sk2-dr1", "gmsk-m24n64k64-w4-s3-c1-sk2"),
+    ("idx-m8n32k64-w8-s8-c1-fo1-dr1", "idx-m8n32k64-w2-s8-c1-fo1"),
+    ("gmsk-m16n64k64-w4-s3-c1-sk2-fo1-dr1", "gmsk-m16n64k64-w4-s3-c1-sk2-fo1"),
 ]
 
 
@@ -293,6 +295,7 @@ def test_direct_rings_match_reference(pair, k):
 
 @pytest.mark.parametrize("sid,n,k", [("idx-m8n32k64-w8-s8-c1-dr1", 512, 7168),
                                      ("idx-m8n64k64-w8-s4-c1-sk2-dr1", 512, 7168),
+                                     ("idx-m8n32k64-w8-s8-c1-fo1-dr1", 512, 7168),
                                      ("idx-m8n128k64-w4-s2-c1-dr1", 7168, 256),
                                      ("idx-m8n64k64-w4-s2-c1-dr1", 7168, 256)])
 def test_direct_rings_tp8_one_token(sid, n, k):
