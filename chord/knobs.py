@@ -390,8 +390,8 @@ class Schedule:
             raise ValueError("tma_x=1 needs a grouped family (consecutive rows of x per tile); the indexed family "
                              "gathers its rows")
         if self.direct and wg:
-            raise ValueError("direct=1 is the mma loop's register path (mainloop mma); wgmma reads its tokens from "
-                             "the shared-memory ring")
+            raise ValueError("direct=1 is a form of the mma loop (mainloop mma: each warp's own cp.async ring feeding "
+                             "mma.sync); the wgmma loops share one ring per CTA, got mainloop=wgmma")
         if self.fold and (wg or self.swap != 1):
             raise ValueError(f"fold=1 needs mainloop mma with the operand swap (swap=1), got mainloop={self.mainloop}, "
                              f"swap={self.swap}")
@@ -419,17 +419,19 @@ class Schedule:
     def smem_bytes(self) -> int:
         """Dynamic shared memory: one tile per CTA, the pipeline or the epilogue tile, whichever is
         larger (the epilogue reuses the drained ring); several (n_tiles > 1, persistent, stream_k), both
-        (the ring keeps loading during an epilogue); plus the base-alignment slack of the wgmma ring (mirrors
+        (the ring keeps loading during an epilogue); direct=1, the largest of the warps' rings, their fp32
+        partials and the epilogue tile, which use it one after the other; plus the base-alignment slack of
+        the wgmma ring (mirrors
         ``MoeKernel::kSmemBytes`` in csrc, which every rendered kernel static_asserts against this
         number)."""
         tiles16 = self.block_n // 16
         epilogue = self.block_m * (self.block_n + 8) * 2
         if self.direct:  # the warps' rings, then their fp32 partials, then the epilogue's tile (mma_direct.cuh)
             rings = self.warps * self.stages * (tiles16 * 512 + tiles16 * 64 + self.block_m * (K_BLOCK * 2 + 16))
-            partials = max(rings, self.warps * tiles16 * (self.block_m // 8) * 512 if self.warps > 1 else 0)
+            partials = self.warps * tiles16 * (self.block_m // 8) * 512 if self.warps > 1 else 0
             if self.split_cluster:
                 epilogue = max(epilogue, self.block_m * self.block_n * 4)
-            return max(partials, epilogue)
+            return max(rings, partials, epilogue)
         stage = self.block_m * K_BLOCK * 2 + tiles16 * 512 + tiles16 * 64
         slack = 0
         if self.mainloop == "wgmma":
