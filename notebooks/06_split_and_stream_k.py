@@ -17,8 +17,9 @@
 # ring full instead of filling and draining it per tile; the epilogue's fragment stores and
 # persistent CTAs are the other two short-K knobs. Stream-K (`stream_k`) goes further: one wave
 # of CTAs splits the (tile, K block) units of the valid blocks evenly, whatever the grid's
-# shape, and its shape-aware gate keeps it to grids that do not fill the GPU. All are knobs of
-# the one kernel template.
+# shape, and its shape-aware gate keeps it to grids that do not fill the GPU; warp-private rings
+# (`direct`) give each warp of a CTA its own K share and ring instead. All are knobs of the one
+# kernel template.
 
 # %% tags=["parameters"]
 QUICK = True
@@ -30,7 +31,7 @@ from chord.lab.workbench import best_by, decision_row, recorded_tuning
 from chord.lab.workbench import figures
 
 for name in ("split-K", "bounded 2-CTA/SM window", "multi-tile CTAs", "stmatrix epilogue", "persistent tile scheduling",
-             "stream-K", "shape-aware stream-K gate"):
+             "stream-K", "shape-aware stream-K gate", "warp-private rings"):
     o = optimizations.BY_NAME[name]
     print(f"{name:28s} {o.status:12s} knob={o.knob}  {o.what}")
 
@@ -168,6 +169,43 @@ for gemm in ("gate_up", "down"):
               f"{best['schedule']:30s} {best['us']:6.1f} us ({best['us'] / rows[0]['us']:.2f}x)")
 
 # %% [markdown]
+# ## Warp-private rings: each warp its own K share and its own ring (`direct`)
+# Stream-K's lesson above is that one wave of 4-warp CTAs has too few independent streams per SM.
+# With `direct=1` the CTA's warps split its K range and each walks its share of every tile of the
+# N block through its own cp.async ring, waiting only for its own copies (no CTA barrier in the K
+# loop); the warps' fp32 partials are summed once, in warp order, before the epilogue. Below: what
+# each candidate of `chord tune` streams at one token, then the candidates against the profile's
+# schedule, one GEMM at a time, live on an H200. No timing of them is committed yet, so without a
+# GPU the cell says so (docs/optimizations.md, "Warp-private rings", has the expected effect and
+# the commands that measure it).
+
+# %%
+direct = {}
+for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
+    direct[gemm] = [c for c in tune.candidates("indexed", n, 8 / 384, k=k) if c.direct and not c.fold]
+    for c in direct[gemm]:
+        per_warp = k // 64 / c.split_k / c.warps
+        print(f"{gemm:8s} {c.id:34s} {8 * (n // c.block_n) * c.split_k:4d} CTAs of {c.warps} warps, "
+              f"{per_warp:5.1f} K blocks per warp ({min(c.stages - 1, math.ceil(per_warp))} in flight), "
+              f"{c.smem_bytes // 1024:3d} KB shared memory")
+if gpu_available():
+    sc = load_suite().scenario(SCENARIO)
+    dr = []
+    for gemm in ("gate_up", "down"):
+        n, k, prob = sc.gemm_problem("indexed", gemm)
+        base = select(profile_for("indexed", sc.experts, n, k), prob)
+        dr += tune.time_schedules(SCENARIO, "indexed", gemm, [base, *direct[gemm]], rep_ms=20 if QUICK else 50,
+                                  warmup_ms=30)
+    for gemm in ("gate_up", "down"):
+        rows = [r for r in dr if r["gemm"] == gemm]
+        best = min(rows[1:], key=lambda r: r["us"])
+        print(f"live: {SCENARIO} {gemm:8s} profile {rows[0]['schedule']:28s} {rows[0]['us']:6.1f} us   best direct "
+              f"{best['schedule']:30s} {best['us']:6.1f} us ({best['us'] / rows[0]['us']:.2f}x)")
+else:
+    print("no sm_90 GPU here and no recorded timing of the direct loop yet: run this cell on an H200, or "
+          "`chord bench --scenarios tp8-m1 --gemm gate_up --schedule <profile id> --schedule <direct id>`")
+
+# %% [markdown]
 # ## Programmatic dependent launch: the gate_up + down pair with and without `pdl`
 # At one token the two TP8 GEMMs move ~25 MB (6 µs at HBM speed) but the pair took 22.6 µs in
 # the 37dd90f runs (2026-12-01): most of it is launching and starting CTAs. With `pdl=1` each kernel waits for the
@@ -237,6 +275,14 @@ off = multi.switch_off(d)
 assert off.n_tiles == 1 and {kn for kn in d.knobs() if getattr(off, kn) != getattr(d, kn)} == {"n_tiles"}
 assert off.grid_n(7168) == d.n_tiles * d.grid_n(7168)
 print("n_tiles invariants hold for", d.id)
+
+# warp-private rings: the off side is the CTA ring with at most block_n / 16 warps, the same tile otherwise
+rings = optimizations.BY_NAME["warp-private rings"]
+for c in direct["gate_up"] + direct["down"]:
+    off = rings.switch_off(c)
+    assert rings.is_on(c) and not off.direct and off.warps == min(c.warps, c.block_n // 16)
+    assert {kn for kn in c.knobs() if getattr(off, kn) != getattr(c, kn)} <= {"direct", "warps"}
+print("direct invariants hold for", len(direct["gate_up"]) + len(direct["down"]), "candidates")
 
 # measured live: n_tiles off gives the same bits; the split-K gate's variants agree to rounding
 assert nt and all(r["same_bits_as_first"] for r in nt), nt
