@@ -82,11 +82,13 @@ TMA_X_MIN_BLOCK_M = 192
 L2_HINTS = (1,)
 N_TILES = (2, 4)  # n_tiles candidates at short K
 # Warp-private rings (direct=1), 8-token tiles below DIRECT_MAX_ROWS rows per expert (TP8 one token,
-# EP8 decode at one row per expert): (block_n, warps, stages), narrow N blocks with deep rings to
-# give every SM several independent weight streams without split-K, wide ones for short K (TP8
-# down: 4 K blocks, one per warp). Not yet timed on a GPU: the first tune of the shapes decides.
+# EP decode at one or two rows per expert): (block_n, warps, stages), narrow N blocks with deep rings
+# to give every SM several independent weight streams without split-K, wide ones for short K (TP8
+# down: 4 K blocks, one per warp), and 4-warp tiles with deeper rings at two CTAs per SM's shared
+# memory for the long K walks of EP decode (28 K blocks per warp). Not yet timed on a GPU: the
+# first tune of the shapes decides.
 DIRECT_MAX_ROWS = 2
-DIRECT_TILES = ((32, 8, 8), (64, 8, 4), (64, 4, 4), (128, 4, 2), (128, 8, 3))
+DIRECT_TILES = ((32, 8, 8), (64, 8, 4), (64, 4, 4), (128, 4, 2), (128, 8, 3), (128, 4, 4), (64, 4, 6))
 
 
 def block_m_candidates(rows_per_expert: float, block_ms: tuple = BLOCK_MS, above: int = 0) -> tuple[int, ...]:
