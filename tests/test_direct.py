@@ -67,6 +67,7 @@ def test_tune_offers_direct_tiles_only_at_few_rows_per_expert():
     tp8 = tune.candidates("indexed", 512, 8 / 384, k=7168)
     ids = {s.id for s in tp8 if s.direct}
     assert {"idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n64k64-w8-s4-c1-sk2-dr1"} <= ids
+    assert any(s.direct for s in tune.candidates("indexed", 512, 5.3, k=7168))  # tp8-m256: 2048 rows, 384 experts
     assert not any(s.direct for s in tune.candidates("indexed", 512, 16.0, k=7168))
     assert not any(s.direct for s in tune.candidates("indexed", 512, 0.5, mainloops=("wgmma",), k=7168))
     assert all(s.producer == 0 for s in tp8 if s.direct)

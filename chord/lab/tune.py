@@ -81,13 +81,13 @@ TMA_X_MIN_BLOCK_M = 192
 # was never faster (0.955-0.995x), so 2 only cost tuning time.
 L2_HINTS = (1,)
 N_TILES = (2, 4)  # n_tiles candidates at short K
-# Warp-private rings (direct=1), 8-token tiles below DIRECT_MAX_ROWS rows per expert (TP8 one token,
-# EP decode at one or two rows per expert): (block_n, warps, stages), narrow N blocks with deep rings
+# Warp-private rings (direct=1), 8-token tiles below DIRECT_MAX_ROWS rows per expert (every row of
+# the bandwidth band: TP8 1-256 tokens, EP decode at 1-5 rows per expert): (block_n, warps, stages), narrow N blocks with deep rings
 # to give every SM several independent weight streams without split-K, wide ones for short K (TP8
 # down: 4 K blocks, one per warp), and 4-warp tiles with deeper rings at two CTAs per SM's shared
 # memory for the long K walks of EP decode (28 K blocks per warp). Not yet timed on a GPU: the
 # first tune of the shapes decides.
-DIRECT_MAX_ROWS = 2
+DIRECT_MAX_ROWS = 8
 DIRECT_TILES = ((32, 8, 8), (64, 8, 4), (64, 4, 4), (128, 4, 2), (128, 8, 3), (128, 4, 4), (64, 4, 6))
 
 
@@ -228,7 +228,7 @@ def _one_tile_candidates(family: str, n: int, rows_per_expert: float, mainloops:
             for bn, warps, stages in DIRECT_TILES:
                 if n % bn:
                     continue
-                for split in (1, 2):
+                for split in ((1, 2) if rows_per_expert < 1 else (1,)):  # split K below 1 row only (as above)
                     s = _or_none(Schedule, family, 8, bn, warps, stages, 1, split, direct=1)
                     if s is not None and _fits(s):
                         out.append(s)
