@@ -165,7 +165,10 @@ KNOBS: tuple[Knob, ...] = (
          "as it reads then which expert each of the grid's first CTAs will work on and asks L2 for their first "
          "ring of weight and scale K blocks (cp.async.bulk.prefetch.L2, at most 24 MB; grouped_contiguous: each "
          "CTA its own tile), so the weight stream starts while the previous kernel ends; nothing decided before "
-         "the wait (a wrong guess costs bytes, not bits); 0 = nothing before the wait", off=0,
+         "the wait (a wrong guess costs bytes, not bits); with direct=1 each warp of every CTA guesses its own "
+         "CTA's expert and copies its ring's first stages - 1 K blocks of words and scales into shared memory, kept "
+         "when the routing read after the wait agrees (else drained and copied again); 0 = nothing before the "
+         "wait", off=0,
          requires=(("pdl", 1), ("persistent", 0), ("stream_k", 0))),
     Knob("stream_k", "stk", 0, (0, 1), "kStreamK",
          "mma, indexed: 1 = stream-K: about one wave of CTAs splits the (token block, N block, K block) units "
@@ -329,14 +332,14 @@ class Schedule:
         if self.block_m > 32:
             raise ValueError(f"direct=1 copies every token row into each warp's ring slot, so block_m must be "
                              f"at most 32, got {self.block_m}")
-        clash = {k: getattr(self, k) for k in ("producer", "stream_k", "n_tiles", "pdl_prefetch")
+        clash = {k: getattr(self, k) for k in ("producer", "stream_k", "n_tiles")
                  if getattr(self, k) != KNOB[k].default}
         if self.swap != 1:
             clash = {"swap": self.swap, **clash}
         if clash:
-            raise ValueError("direct=1 needs swap=1 and the default producer / stream_k / n_tiles / pdl_prefetch "
-                             "(one N block per CTA, each warp filling its own ring: no producer, stream-K walk or "
-                             "prefetch of a CTA ring), got " + ", ".join(f"{k}={v}" for k, v in clash.items()))
+            raise ValueError("direct=1 needs swap=1 and the default producer / stream_k / n_tiles (one N block per "
+                             "CTA, each warp filling its own ring: no producer or stream-K walk), got "
+                             + ", ".join(f"{k}={v}" for k, v in clash.items()))
 
     def _check_combinations(self) -> None:
         """The rules between knobs (which knobs apply together)."""

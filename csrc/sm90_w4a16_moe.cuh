@@ -20,7 +20,8 @@
 //     kernel waits for the previous grid before its first global read and lets the next one
 //     launch, so the next GEMM's CTAs are resident when this one ends; chord.jit Kernel.launch)
 //   x PDL that prefetches (PDL_PREFETCH: before the wait, about the first wave asks L2 for the
-//     first ring of weights and scales of the grid's CTAs, moe/prefetch.cuh)
+//     first ring of weights and scales of the grid's CTAs, moe/prefetch.cuh; with warp-private
+//     rings each warp copies its own first stages into shared memory instead)
 //   x stream-K (STREAMK, indexed family on the mma loop: about one wave of CTAs splits the valid
 //     (tile, K block) units evenly, moe/stream_k.cuh)
 //   x weights straight into registers (the mma loop's direct = 1, MmaDirect: the CTA's warps
@@ -74,6 +75,13 @@ struct UsesTmaX : std::false_type {};
 template <class M>
 struct UsesTmaX<M, std::void_t<decltype(M::kTmaX)>> : std::bool_constant<M::kTmaX> {};
 
+// Whether a main loop copies its first stages into shared memory before the PDL wait itself
+// (MmaDirect::early_copies, moe/prefetch.cuh WarpRingPrefetch) rather than asking L2 for them.
+template <class M, class = void>
+struct HasEarlyCopies : std::false_type {};
+template <class M>
+struct HasEarlyCopies<M, std::void_t<decltype(M::kEarlyCopies)>> : std::bool_constant<M::kEarlyCopies> {};
+
 template <class Cfg>
 struct MoeKernel {
   static constexpr Family F = Cfg::kFamily;
@@ -116,6 +124,7 @@ struct MoeKernel {
   static_assert(kEpiOffset % 16 == 0, "the epilogue tile is 16-byte aligned");
 
   static constexpr bool kTmaX = UsesTmaX<Mainloop>::value;
+  static constexpr bool kEarlyCopies = HasEarlyCopies<Mainloop>::value;
   static_assert(!kTmaX || F != Family::kIndexed, "TMA_X: the indexed family gathers its rows (no tensor map)");
   static_assert(!kTmaX || !PERSISTENT, "TMA_X: one item per CTA");
   static_assert(CLUSTER_N == 1 || CLUSTER_N == 2, "CLUSTER_N is 1 or 2");
@@ -124,9 +133,8 @@ struct MoeKernel {
                              RASTER == 0 && !kTmaX),
                 "STREAMK: the indexed family, splitting the tile grid itself (no split-K, n_tiles, persistent, "
                 "raster or pairs)");
-  static_assert(!Cfg::kDirect || (NTILES == 1 && !PERSISTENT && !STREAMK && !PDL_PREFETCH),
-                "direct main loop: one N block per CTA (no n_tiles, persistent walk or stream-K), no prefetch before "
-                "the PDL wait");
+  static_assert(!Cfg::kDirect || (NTILES == 1 && !PERSISTENT && !STREAMK),
+                "direct main loop: one N block per CTA (no n_tiles, persistent walk or stream-K)");
   static_assert(!PDL_PREFETCH || (PDL && !PERSISTENT && !STREAMK),
                 "PDL_PREFETCH: a PDL launch of one item per CTA (the launched grid's tiles)");
 
@@ -146,7 +154,9 @@ struct MoeKernel {
       // before the first global access; the parameter block is by value. Then let the next
       // kernel's CTAs launch into the SMs this grid's tail leaves idle (they wait in turn).
       // PDL_PREFETCH: first, the weights (never written by a kernel before this one) are asked for.
-      if constexpr (PDL_PREFETCH) {
+      if constexpr (PDL_PREFETCH && kEarlyCopies) {
+        WarpRingPrefetch<Cfg, Mainloop>::run(p);  // every warp: its own ring's first stages
+      } else if constexpr (PDL_PREFETCH) {
         if (threadIdx.x < 32) FirstStagePrefetch<Cfg>::run(p);
       }
       griddep_wait();
@@ -212,7 +222,10 @@ struct MoeKernel {
     } else {
       e = rows_contiguous<BT>(p, tc.m_tile, in_row, out_row, &s_expert, &s_first);
     }
-    if (e < 0) return;  // uniform across the CTA
+    if (e < 0) {  // uniform across the CTA
+      if constexpr (PDL_PREFETCH && kEarlyCopies) cp_async_wait<0>();  // a guess's copies land before the CTA leaves
+      return;
+    }
     __syncthreads();
     CHORD_STAMP_CLOCK_T0(kStampRowsClk);
 

@@ -16,6 +16,8 @@ from test_pdl import _toolkit_file
 def test_id_round_trip_and_rules():
     fo = Schedule.from_id("idx-m8n32k64-w8-s8-c1-fo1-dr1")  # folded group scales on the warps' rings
     assert fo.fold == 1 and fo.direct == 1
+    pf = Schedule.from_id("idx-m8n64k64-w4-s4-c1-pd1-pf1-dr1")  # each warp's first stages before the PDL wait
+    assert optimizations.BY_NAME["PDL weight prefetch"].is_on(pf) and pf.direct == 1
     assert optimizations.BY_NAME["folded group scales"].switch_off(fo) == Schedule.from_id("idx-m8n32k64-w8-s8-c1-dr1")
     s = Schedule.from_id("idx-m8n32k64-w8-s8-c1-dr1")
     assert s.direct == 1 and s.warps == 8 and s.block_n == 32 and s.id == "idx-m8n32k64-w8-s8-c1-dr1"
@@ -30,7 +32,6 @@ def test_id_round_trip_and_rules():
                       ("idx-m8n128k64-w4-s4-c1-ws1-dr1", "got producer=1"),
                       ("idx-m8n64k64-w4-s4-c1-stk1-dr1", "got stream_k=1"),
                       ("idx-m8n64k64-w4-s4-c1-nt2-dr1", "got n_tiles=2"),
-                      ("idx-m8n64k64-w4-s4-c1-pd1-pf1-dr1", "got pdl_prefetch=1"),
                       ("idx-m16n64k64-w4-s4-c1-wgmma-dr1", "direct=1 is a form of the mma loop")):
         with pytest.raises(ValueError, match=text):
             Schedule.from_id(bad)

@@ -161,3 +161,24 @@ def test_sass_prefetch_before_the_wait_touches_only_weights_and_relaxed_routing_
     assert memory and all(op == "UBLKPF.L2" or (op.startswith("LDG.E") and ".STRONG.GPU" in op) for op in memory), \
         sorted(set(memory))
     assert not any("UBLKPF" in ins for ins in off)
+
+
+@pytest.mark.parametrize("schedule_id", ["idx-m8n128k64-w4-s2-c1-pd1-pf1-dr1", "gmsk-m8n64k64-w8-s4-c1-sk2-pd1-pf1-dr1",
+                                         "gcon-m16n32k64-w4-s3-c1-pd1-pf1-dr1"])
+def test_sass_direct_rings_copy_only_weights_before_the_wait(schedule_id, tmp_path, monkeypatch):
+    """pf1 with warp-private rings (direct=1): before griddepcontrol.wait each warp copies words and
+    scales into its ring (LDGSTS without a zero-fill size: the activation rows, copied with one, wait)
+    and reads the routing only with relaxed GPU-scope loads; it writes no global memory (its one
+    shared store records the guess)."""
+    on = _sass(schedule_id, tmp_path, monkeypatch)
+    off = _sass(schedule_id.replace("-pf1", ""), tmp_path, monkeypatch)
+    wait = next(i for i, ins in enumerate(on) if ins.startswith("ACQBULK"))
+    before = [ins.split()[1] if ins.startswith("@") else ins.split()[0] for ins in on[:wait]]
+    copies = [op for op in before if op.startswith("LDGSTS")]
+    assert copies and not any("ZFILL" in op for op in copies), sorted(set(copies))
+    memory = [op for op in before if op.startswith(("LD", "ST", "RED", "ATOM", "UBLK", "UTMA", "CCTL"))
+              and not op.startswith(("LDC", "LDS", "STS", "LDGSTS", "LDGDEPBAR"))]
+    assert memory and all(op.startswith("LDG.E") and ".STRONG.GPU" in op for op in memory), sorted(set(memory))
+    off_wait = next(i for i, ins in enumerate(off) if ins.startswith("ACQBULK"))
+    assert not any(ins.startswith("LDGSTS") for ins in off[:off_wait])  # pd1 alone copies nothing before it
+

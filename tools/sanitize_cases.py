@@ -68,7 +68,8 @@ def schedules(family: str, quick: bool) -> list[Schedule]:
                 Schedule(family, 8, 64, 4, 3, 1, split_k=2, pdl=1, pdl_prefetch=1),
                 Schedule(family, 32, 128, 8, 3, 1, mainloop="wgmma", raster=2, pdl=1, pdl_prefetch=1),
                 # warp-private rings: the warps' own rings and their partials in shared memory
-                Schedule(family, 8, 64, 8, 3, 1, split_k=2, direct=1), Schedule(family, 16, 32, 4, 4, 1, direct=1)]
+                Schedule(family, 8, 64, 8, 3, 1, split_k=2, direct=1), Schedule(family, 16, 32, 4, 4, 1, direct=1),
+                Schedule(family, 8, 64, 4, 3, 1, pdl=1, pdl_prefetch=1, direct=1)]
         out += [Schedule.from_id(i) for i in BULK_AND_PAIRS[family]]
     return out
 

@@ -72,21 +72,80 @@ struct MmaDirect {
   using Part = float[kNTiles][kTT][4];  // one warp's partial over its K share, every tile
 
   // The copies of K block `kb` (counted from the warp's first) into the slot at shared address
-  // `sl`: each lane its words, lanes 0..4*kNTiles-1 a 16-byte scale chunk, each lane chunks t and
-  // t + 4 of row i*8 + g of every 8-token group i (zeros for a padding row).
-  __device__ __forceinline__ static void copy(uint32_t sl, const uint4* w, const uint8_t* s, int64_t wstep,
-                                              int64_t sstep, const __nv_bfloat16* const (&xrow)[kTT],
-                                              const bool (&xvalid)[kTT], uint32_t xdst, int kb, uint64_t policy) {
+  // `sl`: copy_weights, each lane its words and lanes 0..4*kNTiles-1 a 16-byte scale chunk;
+  // copy_rows, each lane chunks t and t + 4 of row i*8 + g of every 8-token group i (zeros for a
+  // padding row); copy, both.
+  __device__ __forceinline__ static void copy_weights(uint32_t sl, const uint4* w, const uint8_t* s, int64_t wstep,
+                                                      int64_t sstep, int kb, uint64_t policy) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) cp_async_16_stream_u32(sl + (j * 32 + lane) * 16, w + kb * wstep + j * 32, policy);
     if (kNTiles * 4 == 32 || lane < kNTiles * 4)
       cp_async_16_stream_u32(sl + kWBytes + lane * 16, s + kb * sstep + lane * 16, policy);
+  }
+  __device__ __forceinline__ static void copy_rows(uint32_t sl, const __nv_bfloat16* const (&xrow)[kTT],
+                                                   const bool (&xvalid)[kTT], uint32_t xdst, int kb) {
 #pragma unroll
     for (int i = 0; i < kTT; ++i) {
       const uint32_t d = sl + kWBytes + kSBytes + i * 8 * kXRow + xdst;
       cp_async_16_u32(d, xrow[i] + kb * kKBlock, xvalid[i]);
       cp_async_16_u32(d + 64, xrow[i] + kb * kKBlock + 32, xvalid[i]);
+    }
+  }
+  __device__ __forceinline__ static void copy(uint32_t sl, const uint4* w, const uint8_t* s, int64_t wstep,
+                                              int64_t sstep, const __nv_bfloat16* const (&xrow)[kTT],
+                                              const bool (&xvalid)[kTT], uint32_t xdst, int kb, uint64_t policy) {
+    copy_weights(sl, w, s, wstep, sstep, kb, policy);
+    copy_rows(sl, xrow, xvalid, xdst, kb);
+  }
+
+  // This warp's K blocks [w0, w0 + n) of the CTA's range, and where its words and scales of the N
+  // block's first tile t0 start (the N block's tiles t0.. lie at consecutive places of one tile
+  // group: G >= BN/16 because BN divides N, and t0 is a multiple of BN/16, so tile j's block is
+  // block(t0, kb) + j and the scales of one K block are one run).
+  struct Share {
+    int w0, n;
+    int64_t wstep, sstep;  // uint4 / bytes from one K block of a tile to the next
+    const uint4* wsrc;
+    const uint8_t* ssrc;
+    __device__ __forceinline__ Share(const GemmParams& p, int expert, int n_block, int kb_begin, int kb_end) {
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      const int KB = kb_end - kb_begin;
+      w0 = kb_begin + (KB * warp) / WARPS;
+      n = kb_begin + (KB * (warp + 1)) / WARPS - w0;
+      const Swap16Layout<kNTiles> lay(p, expert);
+      wstep = static_cast<int64_t>(lay.group()) * 32;
+      sstep = static_cast<int64_t>(lay.group()) * 64;
+      const int64_t b0 = lay.block(n_block * kNTiles, w0);
+      wsrc = p.qweight + b0 * 32 + lane;
+      ssrc = reinterpret_cast<const uint8_t*>(p.scales + b0 * 8);
+    }
+  };
+
+  // PDL that prefetches (Cfg::kPdlPrefetch, moe/prefetch.cuh WarpRingPrefetch): before
+  // griddepcontrol.wait, the expert this CTA will likely work on (a guess from the routing as it
+  // reads then, the same in every lane, -1: none) is recorded for the warp, and the words and
+  // scales of its ring's first STAGES - 1 K blocks of that expert (constant bytes) are copied as
+  // STAGES - 1 groups. run() keeps them when the routing read after the wait names the same
+  // expert, and otherwise lets them land before it fills the ring again.
+  static constexpr bool kEarlyCopies = true;
+  __device__ __forceinline__ static int* early_guess() {
+    __shared__ int guess[WARPS];
+    return guess;
+  }
+  __device__ __forceinline__ static void early_copies(const GemmParams& p, int expert, int n_block, int kb_begin,
+                                                      int kb_end) {
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) early_guess()[warp] = expert;
+    if (expert < 0) return;  // uniform across the warp
+    extern __shared__ __align__(128) uint8_t smem_raw[];  // MoeKernel's dynamic shared memory (kAlign 128: unshifted)
+    const Share sh(p, expert, n_block, kb_begin, kb_end);
+    const uint64_t policy = make_evict_first_policy();
+    const uint32_t ring = smem_u32(smem_raw) + warp * STAGES * kSlotBytes;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < sh.n) copy_weights(ring + s * kSlotBytes, sh.wsrc, sh.ssrc, sh.wstep, sh.sstep, s, policy);
+      cp_async_commit();
     }
   }
 
@@ -141,21 +200,12 @@ struct MmaDirect {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;
     const int64_t K = p.k;
-    const int KB = kb_end - kb_begin;
-    const int w0 = kb_begin + (KB * warp) / WARPS;  // this warp's K blocks [w0, w0 + n)
-    const int n = kb_begin + (KB * (warp + 1)) / WARPS - w0;
     const uint64_t policy = make_evict_first_policy();
-
-    // The N block's tiles t0.. lie at consecutive places of one tile group (G >= BN/16 because BN
-    // divides N, and t0 is a multiple of BN/16), so tile j's block is block(t0, kb) + j and the
-    // scales of one K block are one run.
-    const Swap16Layout<kNTiles> lay(p, expert);
-    const int t0 = n_block * kNTiles;
-    const int64_t wstep = static_cast<int64_t>(lay.group()) * 32;  // uint4 from one K block of a tile to the next
-    const int64_t sstep = static_cast<int64_t>(lay.group()) * 64;  // bytes
-    const int64_t b0 = lay.block(t0, w0);
-    const uint4* wsrc = p.qweight + b0 * 32 + lane;
-    const uint8_t* ssrc = reinterpret_cast<const uint8_t*>(p.scales + b0 * 8);
+    const Share sh(p, expert, n_block, kb_begin, kb_end);
+    const int w0 = sh.w0, n = sh.n;
+    const uint4* wsrc = sh.wsrc;
+    const uint8_t* ssrc = sh.ssrc;
+    const int64_t wstep = sh.wstep, sstep = sh.sstep;
     const __nv_bfloat16* xrow[kTT];
     bool xvalid[kTT];
 #pragma unroll
@@ -168,10 +218,24 @@ struct MmaDirect {
     uint8_t* ring = smem + warp * STAGES * kSlotBytes;
     const uint32_t ring_u32 = smem_u32(ring);
 
+    bool early = false;  // the weights of the first STAGES - 1 K blocks are in flight already (early_copies)
+    if constexpr (Cfg::kPdlPrefetch) {
+      const int guess = early_guess()[warp];  // written before the wait, published by the CTA's barrier since
+      early = guess == expert;
+      if (!early && guess >= 0) cp_async_wait<0>();  // a wrong guess: its copies land before the slots are refilled
+    }
+    if (early) {  // the same K blocks' rows, one group each (the waits below count these groups)
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < n) copy(ring_u32 + s * kSlotBytes, wsrc, ssrc, wstep, sstep, xrow, xvalid, xdst, s, policy);
-      cp_async_commit();
+      for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n) copy_rows(ring_u32 + s * kSlotBytes, xrow, xvalid, xdst, s);
+        cp_async_commit();
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n) copy(ring_u32 + s * kSlotBytes, wsrc, ssrc, wstep, sstep, xrow, xvalid, xdst, s, policy);
+        cp_async_commit();
+      }
     }
     Part part;
     zero_acc(part);

@@ -14,7 +14,8 @@
 // wave asks for at most kBudgetBytes (about half of the H200's 50 MB L2); TP8 one token's down
 // GEMM (896 CTAs of 4 K blocks, 7.3 MB of weights) is asked for whole while gate_up ends. The
 // grouped-contiguous family finds an expert by a warp-wide scan of the offsets, so there each CTA
-// asks only for its own tile.
+// asks only for its own tile. A main loop with warp-private rings (MmaDirect) is served by
+// WarpRingPrefetch below instead: each warp copies its own first stages into shared memory.
 #pragma once
 
 #include <cstdint>
@@ -115,6 +116,32 @@ struct FirstStagePrefetch {
       const int e = guess_expert(p, tile_coords_of<Cfg::kRaster, Cfg::kClusterN>(bx, by).m_tile);
       if (e >= 0) prefetch_cta(p, e, bx, by, bz);
     }
+  }
+};
+
+// The same knob on a main loop with warp-private rings (MmaDirect, Cfg::kDirect): every warp of
+// every CTA, before griddep_wait, guesses its own CTA's expert (warp-uniform: lane 0's relaxed
+// loads broadcast, or the contiguous family's warp-wide scan) and hands it with the CTA's tile and
+// K range to Mainloop::early_copies, which copies the warp's first ring stages of that expert's
+// words and scales (constant bytes) into shared memory. The routing is read again after the wait;
+// a wrong guess costs bytes and a drain, never bits.
+template <class Cfg, class Mainloop>
+struct WarpRingPrefetch {
+  __device__ __forceinline__ static void run(const GemmParams& p) {
+    const TileCoords tc = tile_coords<Cfg::kRaster, Cfg::kClusterN>();
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    int e = -1;
+    if constexpr (Cfg::kFamily == Family::kContiguous) {
+      e = contiguous_find<Cfg::kBlockM, true>(p, tc.m_tile, lane).expert;  // warp-uniform
+    } else {
+      if (lane == 0) e = FirstStagePrefetch<Cfg>::guess_expert(p, tc.m_tile);
+      e = __shfl_sync(0xffffffffu, e, 0);
+    }
+    const int kb_all = static_cast<int>(p.k) / kKBlock;
+    const int z = Cfg::kSplitK > 1 ? static_cast<int>(blockIdx.z) : 0;  // MoeKernel's split of K
+    const int kb_begin = static_cast<int>((static_cast<int64_t>(kb_all) * z) / Cfg::kSplitK);
+    const int kb_end = static_cast<int>((static_cast<int64_t>(kb_all) * (z + 1)) / Cfg::kSplitK);
+    Mainloop::early_copies(p, e, tc.n_block * Cfg::kNTilesPerCta, kb_begin, kb_end);
   }
 };
 

@@ -32,7 +32,8 @@ SAMPLED = 40  # knob-space schedules per family
 DIRECT_CASES = ((8, 32, 8, 8, {}), (8, 64, 8, 4, {"split_k": 2}), (8, 128, 4, 2, {}), (8, 16, 4, 6, {}),
                 (16, 64, 2, 3, {}), (24, 32, 1, 4, {}), (32, 128, 8, 2, {"split_k": 3}),
                 (8, 64, 8, 4, {"split_k": 2, "split_cluster": 1}), (8, 128, 4, 2, {"pdl": 1}),
-                (16, 128, 8, 3, {"stmatrix": 0}), (8, 64, 8, 4, {"fold": 1}), (16, 32, 4, 3, {"fold": 1, "split_k": 2}))
+                (16, 128, 8, 3, {"stmatrix": 0}), (8, 64, 8, 4, {"fold": 1}), (16, 32, 4, 3, {"fold": 1, "split_k": 2}),
+                (8, 128, 4, 3, {"pdl": 1, "pdl_prefetch": 1}))
 
 
 def _sample(family: str, rng: random.Random) -> Schedule | None:
@@ -127,8 +128,8 @@ def fuzz_pool(family: str) -> list[Schedule]:
             if made == 2:
                 break
     # warp-private rings (direct=1; no rule uses them yet): every N block (16-128), token tiles of
-    # 8-32 rows, 1-8 warps, 2-8 stages, split in two or three, through a cluster, PDL, plain stores,
-    # folded group scales
+    # 8-32 rows, 1-8 warps, 2-8 stages, split in two or three, through a cluster, PDL (and the
+    # warps' first stages copied before its wait), plain stores, folded group scales
     for bm, bn, warps, stages, kw in DIRECT_CASES:
         v = Schedule(family, bm, bn, warps, stages, direct=1, **kw)
         pool[v.id] = v

@@ -58,6 +58,11 @@ PF_PAIRS = [  # (prefetch on, pd1 alone)
     ("gmsk-m8n128k64-w4-s8-c1-pd1-pf1", "gmsk-m8n128k64-w4-s8-c1-pd1"),
     ("gmsk-m8n64k64-w4-s8-c2-sk4-pd1-pf1", "gmsk-m8n64k64-w4-s8-c2-sk4-pd1"),
     ("gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2-pd1-pf1", "gmsk-m48n128k64-w8-s4-c1-wgmma-r4-bw1-tx1-cn2-pd1"),
+    # warp-private rings: each warp copies its first stages into shared memory before the wait
+    ("idx-m8n128k64-w4-s2-c1-pd1-pf1-dr1", "idx-m8n128k64-w4-s2-c1-pd1-dr1"),
+    ("idx-m8n32k64-w8-s8-c1-pd1-pf1-fo1-dr1", "idx-m8n32k64-w8-s8-c1-pd1-fo1-dr1"),
+    ("gcon-m16n32k64-w4-s3-c1-pd1-pf1-dr1", "gcon-m16n32k64-w4-s3-c1-pd1-dr1"),
+    ("gmsk-m8n64k64-w8-s4-c1-sk2-pd1-pf1-dr1", "gmsk-m8n64k64-w8-s4-c1-sk2-pd1-dr1"),
 ]
 
 
@@ -89,7 +94,8 @@ def _chain(s1: Schedule, s2: Schedule, w1, w2, a, b, off, steps: int) -> None:
     ("gcon-m16n128k64-w4-s4-c1-pd1", "gcon-m16n128k64-w4-s4-c1-pd1"),
     ("gcon-m16n128k64-w4-s4-c1-pd1-pf1", "gcon-m16n64k64-w4-s6-c1-sk4-pd1-pf1"),
     ("gcon-m64n128k64-w8-s4-c1-wgmma-tx1-cn2-pd1", "gcon-m32n128k64-w8-s8-c1-wgmma-pd1"),
-    ("gcon-m16n64k64-w4-s6-c1-sk4-pd1", "gcon-m16n128k64-w4-s4-c1-nt2-pd1")], ids=lambda p: p[0])
+    ("gcon-m16n64k64-w4-s6-c1-sk4-pd1", "gcon-m16n128k64-w4-s4-c1-nt2-pd1"),
+    ("gcon-m16n32k64-w4-s3-c1-pd1-pf1-dr1", "gcon-m16n128k64-w4-s2-c1-pd1-pf1-dr1")], ids=lambda p: p[0])
 def test_pdl_chain_raw_and_war_eager_and_graph(ids):
     e, d = 4, 512
     _, w1 = cached_random_experts(e, d, d, seed=1)
@@ -131,7 +137,8 @@ def test_pdl_chain_raw_and_war_eager_and_graph(ids):
 
 
 @pytest.mark.parametrize("on_id", ["idx-m8n256k64-w4-s8-c1-pd1", "idx-m8n256k64-w4-s8-c1-pd1-pf1",
-                                   "idx-m8n64k64-w4-s8-c1-sk8-pd1-pf1"])
+                                   "idx-m8n64k64-w4-s8-c1-sk8-pd1-pf1", "idx-m8n64k64-w8-s4-c1-pd1-pf1-dr1",
+                                   "idx-m8n32k64-w8-s8-c1-sk2-pd1-pf1-dr1"])
 def test_pdl_indexed_after_routing_kernels(on_id):
     """moe_align's kernels write the routing just before the pd1 GEMM reads it (RAW on a primary
     that never triggers; with pf1 the prefetch guesses from that routing while it is written),
@@ -153,13 +160,15 @@ def test_pdl_indexed_after_routing_kernels(on_id):
         assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), m
 
 
-def test_pdl_prefetch_masked_after_the_counts_change():
+@pytest.mark.parametrize("on_id", ["gmsk-m8n128k64-w4-s8-c1-pd1-pf1", "gmsk-m8n64k64-w8-s4-c1-pd1-pf1-dr1"])
+def test_pdl_prefetch_masked_after_the_counts_change(on_id):
     """The masked family's prefetch guesses from the expert counts: a torch kernel rewrites them
     just before each pf1 GEMM (a different set of experts every time), and every output equals
-    the same schedule without PDL and the reference; rows past the counts stay poisoned."""
+    the same schedule without PDL and the reference; rows past the counts stay poisoned. (With
+    warp-private rings a wrong guess means copies of the wrong rows' tile to drain and redo.)"""
     e, max_rows, k, n = 8, 24, 704, 512
     qe, pw = cached_random_experts(e, n, k)
-    on = Schedule.from_id("gmsk-m8n128k64-w4-s8-c1-pd1-pf1")
+    on = Schedule.from_id(on_id)
     off = PDL.switch_off(on)
     g = torch.Generator(device="cuda").manual_seed(21)
     x = torch.randn(e, max_rows, k, device="cuda", generator=g).bfloat16()
