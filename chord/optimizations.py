@@ -183,8 +183,10 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
                  "from the routing as it reads then which expert each of the grid's first CTAs will work on and "
                  "asks L2 for their first ring of weight and scale K blocks (cp.async.bulk.prefetch.L2, at most "
                  "24 MB for the grid; grouped_contiguous: each CTA its own tile): the weight stream starts while "
-                 "the previous kernel's tail runs (TP8 one token: down's 7.3 MB while gate_up ends). Nothing is "
-                 "decided before the wait, so a wrong guess costs bytes, not bits; off: pdl=1 alone (same bits)",
+                 "the previous kernel's tail runs (TP8 one token: down's 7.3 MB while gate_up ends). On the "
+                 "direct loop every warp instead guesses its own CTA's expert and copies its ring's first stages "
+                 "into shared memory, kept when the routing read after the wait agrees. Nothing is decided "
+                 "before the wait, so a wrong guess costs bytes, not bits; off: pdl=1 alone (same bits)",
                  "knob", "pdl_prefetch", IMPLEMENTED, "06_split_and_stream_k"),
     Optimization("stream-K",
                  "indexed family on the mma loop: about one wave of CTAs splits the (token block, N block, K block) "
