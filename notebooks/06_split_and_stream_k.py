@@ -148,25 +148,37 @@ for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
         print(f"{gemm:8s} block_n {bn:3d}: {8 * (n // bn):4d} tiles, {units:5d} units over 132 x 2 CTAs = "
               f"{math.ceil(units / 264)} K blocks per CTA")
 
-STK_FILE = "2026-12-01-h200-timing-05c29c3-stream-k"
-if gpu_available():
+def time_against_profile(keep):
+    """Live: both GEMMs of SCENARIO under the profile's schedule, then under each tune candidate
+    that keep(candidate) picks, one GEMM at a time (CUDA-graph replays)."""
     sc = load_suite().scenario(SCENARIO)
-    stk = []
+    rows = []
     for gemm in ("gate_up", "down"):
         n, k, prob = sc.gemm_problem("indexed", gemm)
         base = select(profile_for("indexed", sc.experts, n, k), prob)
-        cands = [c for c in tune.candidates("indexed", n, prob.rows / prob.num_experts, k=k) if c.stream_k]
-        stk += tune.time_schedules(SCENARIO, "indexed", gemm, [base, *cands], rep_ms=20 if QUICK else 50, warmup_ms=30)
+        cands = [c for c in tune.candidates("indexed", n, prob.rows / prob.num_experts, k=k) if keep(c)]
+        rows += tune.time_schedules(SCENARIO, "indexed", gemm, [base, *cands], rep_ms=20 if QUICK else 50,
+                                    warmup_ms=30)
+    return rows
+
+
+def show_best(rows, what):
+    for gemm in ("gate_up", "down"):
+        g = [r for r in rows if r["gemm"] == gemm]
+        if g:
+            best = min(g[1:], key=lambda r: r["us"])
+            print(f"{SCENARIO} {gemm:8s} profile {g[0]['schedule']:28s} {g[0]['us']:6.1f} us   best {what} "
+                  f"{best['schedule']:30s} {best['us']:6.1f} us ({best['us'] / g[0]['us']:.2f}x)")
+
+
+STK_FILE = "2026-12-01-h200-timing-05c29c3-stream-k"
+if gpu_available():
+    stk = time_against_profile(lambda c: c.stream_k)
     print("live on this GPU")
 else:
     stk = [r for r in recorded_timing(STK_FILE) if r["scenario"] == SCENARIO]
     print(f"recorded: {recorded_file(STK_FILE + '.json')} (no sm_90 GPU here, so nothing ran live)")
-for gemm in ("gate_up", "down"):
-    rows = [r for r in stk if r["gemm"] == gemm]
-    if rows:
-        best = min(rows[1:], key=lambda r: r["us"])
-        print(f"{SCENARIO} {gemm:8s} profile {rows[0]['schedule']:28s} {rows[0]['us']:6.1f} us   best stream-K "
-              f"{best['schedule']:30s} {best['us']:6.1f} us ({best['us'] / rows[0]['us']:.2f}x)")
+show_best(stk, "stream-K")
 
 # %% [markdown]
 # ## Warp-private rings: each warp its own K share and its own ring (`direct`)
@@ -189,18 +201,7 @@ for gemm, n, k in (("gate_up", 512, 7168), ("down", 7168, 256)):
               f"{per_warp:5.1f} K blocks per warp ({min(c.stages - 1, math.ceil(per_warp))} in flight), "
               f"{c.smem_bytes // 1024:3d} KB shared memory")
 if gpu_available():
-    sc = load_suite().scenario(SCENARIO)
-    dr = []
-    for gemm in ("gate_up", "down"):
-        n, k, prob = sc.gemm_problem("indexed", gemm)
-        base = select(profile_for("indexed", sc.experts, n, k), prob)
-        dr += tune.time_schedules(SCENARIO, "indexed", gemm, [base, *direct[gemm]], rep_ms=20 if QUICK else 50,
-                                  warmup_ms=30)
-    for gemm in ("gate_up", "down"):
-        rows = [r for r in dr if r["gemm"] == gemm]
-        best = min(rows[1:], key=lambda r: r["us"])
-        print(f"live: {SCENARIO} {gemm:8s} profile {rows[0]['schedule']:28s} {rows[0]['us']:6.1f} us   best direct "
-              f"{best['schedule']:30s} {best['us']:6.1f} us ({best['us'] / rows[0]['us']:.2f}x)")
+    show_best(time_against_profile(lambda c: c.direct and not c.fold), "direct (live)")
 else:
     print("no sm_90 GPU here and no recorded timing of the direct loop yet: run this cell on an H200, or "
           "`chord bench --scenarios tp8-m1 --gemm gate_up --schedule <profile id> --schedule <direct id>`")

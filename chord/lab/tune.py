@@ -476,12 +476,13 @@ WAVE_FILL_SPLITS = (2, 3, 4)
 
 def wave_fill_variants(family: str, prob: Problem, ranked: list[Schedule]) -> list[Schedule]:
     """Split-K (workspace and cluster fix-ups) and stream-K variants of the leading one-split mma
-    tiles of `ranked` where their grid fills few waves (WAVE_FILL_MAX_WAVES), each kept only if
+    CTA-ring tiles of `ranked` where their grid fills few waves (WAVE_FILL_MAX_WAVES), each kept only if
     legal with at least 8 K blocks per split."""
     from chord import cost
 
     out: list[Schedule] = []
-    lead = [s for s in ranked if s.mainloop == "mma" and s.split_k == 1 and not s.stream_k and s.n_tiles == 1]
+    lead = [s for s in ranked if s.mainloop == "mma" and s.split_k == 1 and not s.stream_k and s.n_tiles == 1
+            and not s.direct]  # (the direct tiles come with their own splits: candidates)
     for s in lead[:WAVE_FILL_TILES]:
         e = cost.estimate(s, prob)
         if e.units >= WAVE_FILL_MAX_WAVES * e.slots:
