@@ -3,9 +3,10 @@
 // Cfg::kBlockM, Cfg::kSplitK, ...):
 //   family (row source: indexed / grouped_contiguous / grouped_masked, moe/rows.cuh)
 //   x main loop (mainloop/, one part each, chosen by MainloopFor: MmaSwap16, cp.async +
-//     mma.sync; MmaDirect, mma.sync on weights loaded straight into registers; MmaProducer, its tile fed by a producer warp (bulk copies, mbarriers); WgmmaMultistage, cp.async + wgmma with a CTA barrier per K block;
-//     WgmmaWarpSpecialized, a producer warpgroup and mbarriers; the two wgmma loops share
-//     WgmmaTile)
+//     mma.sync; MmaDirect, the same MMAs fed by one cp.async ring per warp; MmaProducer, its tile
+//     fed by a producer warp (bulk copies, mbarriers); WgmmaMultistage, cp.async + wgmma with a
+//     CTA barrier per K block; WgmmaWarpSpecialized, a producer warpgroup and mbarriers; the two
+//     wgmma loops share WgmmaTile)
 //   x tile order (RASTER, moe/rows.cuh) x split-K (SPLIT, moe/epilogue.cuh)
 //   x N tiles per CTA (NTILES) x epilogue fragment stores (STMATRIX, moe/epilogue.cuh)
 //   x persistent CTAs (PERSISTENT: a grid of about one wave walks every tile, moe/rows.cuh
@@ -24,8 +25,9 @@
 //     rings each warp copies its own first stages into shared memory instead)
 //   x stream-K (STREAMK, indexed family on the mma loop: about one wave of CTAs splits the valid
 //     (tile, K block) units evenly, moe/stream_k.cuh)
-//   x weights straight into registers (the mma loop's direct = 1, MmaDirect: the CTA's warps
-//     split its K range, no shared-memory ring, their partials summed once before the epilogue).
+//   x warp-private rings (the mma loop's direct = 1, MmaDirect: the CTA's warps split its K
+//     range, each through its own cp.async ring with no CTA barrier, their partials summed once
+//     before the epilogue).
 // One CTA computes BT token rows x (NTILES x BN) output features of one expert, one BN-wide
 // tile after the other through one continuous pipeline (the ring keeps loading the next tile's
 // K blocks while a tile's epilogue runs; at short K, e.g. TP8 down with 4 K blocks, a one-tile

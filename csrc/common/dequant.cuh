@@ -55,9 +55,10 @@ __device__ __forceinline__ void codes_swap16(uint32_t word, uint32_t (&regs)[4])
 // The folded path's two halves for one 32-K scale group h, shared by MmaSwap16 and MmaDirect
 // (with Cfg::kFold). fold_bias: a token tile's bias = -136 * sum_k x over the group, one MMA pair
 // of the constant -136 with its B fragments b = {step 2h: k lo, k hi; step 2h + 1: k lo, k hi}
-// (once per token tile for all of a warp's weight tiles). fold_group: one weight tile's partial of the group, started from the bias, with its raw
-// codes 128 + u as the A operand (exact bf16), so it ends as sum(q * x) in fp32, then
-// acc += scale * partial (rows g / g + 8, elements 0-1 / 2-3, take the low / high scale).
+// (once per token tile for all of a warp's weight tiles). fold_group: one weight tile's partial
+// of the group, started from the bias, with its raw codes 128 + u as the A operand (exact bf16),
+// so it ends as sum(q * x) in fp32, then acc += scale * partial (rows g / g + 8, elements 0-1 /
+// 2-3, take the low / high scale).
 __device__ __forceinline__ void fold_bias(const uint32_t (&b)[4], float (&bias)[4]) {
   const uint32_t neg_bias[4] = {0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u};  // -136.0
   const float zero[4] = {0.f, 0.f, 0.f, 0.f};
