@@ -72,9 +72,9 @@ def estimate(s: Schedule, p: Problem) -> Estimate:
     resident = max(1.0, min(units / SMS, s.ctas_per_sm))
     in_flight = resident * s.stages * stage_bytes
     kb_per_ring = (p.k // K_BLOCK) / max(1, s.split_k)  # the K blocks one ring walks
-    if s.direct:  # warp-private rings: each warp keeps stages - 1 K blocks of its own K share in flight
-        in_flight = resident * s.warps * max(1, s.stages - 1) * stage_bytes
-        kb_per_ring /= s.warps
+    if s.direct:  # warp-private rings: each warp keeps up to stages - 1 K blocks of its own K share in flight,
+        kb_per_ring /= s.warps  # all of them at once when its share is that short (no ring to fill)
+        in_flight = resident * s.warps * max(1.0, min(s.stages - 1, kb_per_ring)) * stage_bytes
     memory_us *= max(1.0, IN_FLIGHT_BYTES_PER_SM / in_flight)
     compute_us = 2.0 * padded * p.n * p.k / RATE_FLOP_PER_US[s.mainloop]
     # the tensor pipe waits on copies a shallow ring cannot hide (5-stage wgmma rings timed 5-12 %
@@ -82,7 +82,7 @@ def estimate(s: Schedule, p: Problem) -> Estimate:
     if s.mainloop == "wgmma":
         compute_us *= 1.0 + 0.04 * max(0, 5 - s.stages)
     # a K loop shorter than the ring never fills it: latency, not bandwidth
-    ring_fill = min(1.0, kb_per_ring / max(1, s.stages))
+    ring_fill = 1.0 if s.direct else min(1.0, kb_per_ring / max(1, s.stages))
     us = max(memory_us, compute_us) / eff / max(ring_fill, 0.5)
     return Estimate(us, memory_us, compute_us, units, slots, eff, padded / rows)
 

@@ -115,3 +115,18 @@ def test_the_k_loop_waits_per_warp_and_has_no_cta_barrier(sid, tmp_path, monkeyp
     assert not [i for i in body if i.startswith("BAR.")], f"{sid}: a CTA barrier inside the K loop"
     assert any(i.startswith("WARPSYNC") for i in body)
     assert any("LDGSTS" in i for i in body) and any(i.startswith("HMMA.16816.F32.BF16") for i in body)
+
+
+def test_the_tune_cut_keeps_the_one_token_direct_candidates():
+    """chord tune's default cut (24 in the cost model's order, chord.cost): a direct warp whose K
+    share is shorter than its ring has every byte in flight at once (no ring-fill penalty), so TP8
+    one token keeps its direct candidates of both GEMMs (docs/optimizations.md, "Warp-private rings")."""
+    from chord.lab.bench.suite import load_suite
+    from chord.schedule import select
+
+    sc = load_suite().scenario("tp8-m1")
+    for gemm, want in (("gate_up", "idx-m8n32k64-w8-s8-c1-dr1"), ("down", "idx-m8n128k64-w4-s2-c1-dr1")):
+        n, k, prob = sc.gemm_problem("indexed", gemm)
+        cut = tune.tuning_candidates("indexed", prob, sc.rows_per_expert, select(sc.profile(None, "indexed"), prob),
+                                     "h200", 24)
+        assert Schedule.from_id(want) in cut, (gemm, [s.id for s in cut if s.direct])
