@@ -290,6 +290,9 @@ def _fit_schedule(family: str, knobs: dict, n: int) -> Schedule:
         ntw = max(1, vals["block_n"] // 16 // warps) if "warps" in knobs else 1
         warps = max(4, bn // 16 // ntw)
         vals["n_tiles"] = _fit_n_tiles(vals["n_tiles"], n // bn)
+    elif vals["direct"]:  # warp-private rings: the warps split K, so only block_n follows N
+        while n % bn:
+            bn //= 2
     else:
         while n % bn:
             bn //= 2

@@ -3,13 +3,18 @@ bits as the plain kernels, and their records are whole and in order.
 
 * tp8-m1 indexed: the mma loop with split-K through the workspace (a fix-up CTA per tile);
 * ep8-decode-tok1 grouped_masked: the mma loop, masked rows (CTAs without rows leave early);
-* ep8-prefill-tok64 indexed: the wgmma producer loop (ws1), gathered rows.
+* ep8-prefill-tok64 indexed: the wgmma producer loop (ws1), gathered rows;
+* tp8-m1 indexed through a profile copy with the direct loop's one-token candidates.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+import json
+from pathlib import Path
+
+from chord import _resources
 from chord.lab import stamps as S
 from chord.schedule import Schedule
 
@@ -22,8 +27,29 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
 @pytest.mark.parametrize("scenario,family", [("tp8-m1", "indexed"), ("ep8-decode-tok1", "grouped_masked"),
                                              ("ep8-prefill-tok64", "indexed")])
 def test_stamped_pairs_give_the_same_bits_and_whole_records(scenario, family):
-    res = S.run_point(scenario, family, reps=2)
-    assert res["same_bits"], f"{scenario} {family}: the stamped kernels' outputs differ from the plain ones"
+    _check_point(S.run_point(scenario, family, reps=2), f"{scenario} {family}")
+
+
+def test_stamped_direct_pair_at_one_token(tmp_path):
+    """The direct loop (warp-private rings) at TP8 one token, through a copy of the profile whose two
+    one-token rules are the direct candidates: the same checks (its first K block is stamped after
+    each warp's first block, its epilogue after the partials meet)."""
+    prof = json.loads(Path(_resources.profiles_dir(), "h200.json").read_text())
+    rules = prof["deployments"]["tp8"]["families"]["indexed"]
+    assert rules[0].get("k_max") == 256 and "k_max" not in rules[1]  # down's one-token rule, then gate_up's
+    common = {"max_rows_per_expert": rules[0]["max_rows_per_expert"], "block_m": 8, "ctas_per_sm": 1, "direct": 1,
+              "why": "tests/gpu/test_stamps_gpu.py: the direct candidates"}
+    rules[0] = dict(common, block_n=128, warps=4, stages=2, k_max=256)
+    rules[1] = dict(common, block_n=32, warps=8, stages=8)
+    path = tmp_path / "h200-direct.json"
+    path.write_text(json.dumps(prof))
+    res = S.run_point("tp8-m1", "indexed", reps=2, profile_file=str(path))
+    assert res["schedules"] == {"gate_up": "idx-m8n32k64-w8-s8-c1-dr1", "down": "idx-m8n128k64-w4-s2-c1-dr1"}
+    _check_point(res, "tp8-m1 indexed, direct")
+
+
+def _check_point(res, what):
+    assert res["same_bits"], f"{what}: the stamped kernels' outputs differ from the plain ones"
     for gemm in ("gate_up", "down"):
         sid = res["schedules"][gemm]
         recs = res["_last"][sid]
