@@ -231,10 +231,8 @@ struct MoeKernel {
     __syncthreads();
     CHORD_STAMP_CLOCK_T0(kStampRowsClk);
 
-    const int kb_all = static_cast<int>(p.k) / kKBlock;
-    const int z = SPLIT > 1 ? static_cast<int>(blockIdx.z) : 0;
-    const int kb_begin = static_cast<int>((static_cast<int64_t>(kb_all) * z) / SPLIT);
-    const int kb_end = static_cast<int>((static_cast<int64_t>(kb_all) * (z + 1)) / SPLIT);
+    const KRange kr = split_k_range(p, SPLIT > 1 ? static_cast<int>(blockIdx.z) : 0, SPLIT);
+    const int kb_begin = kr.begin, kb_end = kr.end;
     typename Mainloop::Acc acc;
     // The main loop calls this once per finished tile t (n block tc.n_block * NTILES + t), from
     // the threads that hold accumulators (a producer warpgroup has left by then).

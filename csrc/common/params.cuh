@@ -79,6 +79,17 @@ struct Swap16Layout {
   }
 };
 
+// K blocks [begin, end) of split z of a GEMM's K split over `split` CTAs (split-K: blockIdx.z),
+// the one formula MoeKernel and the prefetches before the PDL wait (moe/prefetch.cuh) share.
+struct KRange {
+  int begin, end;
+};
+__device__ __forceinline__ KRange split_k_range(const GemmParams& p, int z, int split) {
+  const int kb_all = static_cast<int>(p.k) / kKBlock;
+  return {static_cast<int>((static_cast<int64_t>(kb_all) * z) / split),
+          static_cast<int>((static_cast<int64_t>(kb_all) * (z + 1)) / split)};
+}
+
 enum class Family : int { kIndexed = 0, kContiguous = 1, kMasked = 2 };
 
 // The main loop a schedule names (chord.schedule knob `mainloop`, Cfg::kMainloop); which part of

@@ -111,38 +111,6 @@ __device__ __forceinline__ uint64_t make_l2_policy() {
 __device__ __forceinline__ uint64_t make_evict_first_policy() { return make_l2_policy<false>(); }
 __device__ __forceinline__ uint64_t make_evict_last_policy() { return make_l2_policy<true>(); }
 
-// ---- loads into registers (the direct main loop, mainloop/mma_direct.cuh) ---------------------
-
-// Streamed bytes read once (weights, scales): the read-only path, no L1 line allocated, the L2
-// policy `policy` (make_evict_first_policy). Not volatile and without a memory clobber: they read
-// constants, so the compiler may schedule them as early as it likes.
-__device__ __forceinline__ uint4 ldg_stream_v4(const uint4* p, uint64_t policy) {
-  uint4 v;
-#ifdef CHORD_NO_L2_HINT
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  (void)policy;
-#else
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "l"(policy));
-#endif
-  return v;
-}
-__device__ __forceinline__ uint2 ldg_stream_v2(const uint2* p, uint64_t policy) {
-  uint2 v;
-#ifdef CHORD_NO_L2_HINT
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  (void)policy;
-#else
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;\n"
-      : "=r"(v.x), "=r"(v.y)
-      : "l"(p), "l"(policy));
-#endif
-  return v;
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int N>

@@ -64,11 +64,9 @@ struct FirstStagePrefetch {
   __device__ __forceinline__ static void prefetch_cta(const GemmParams& p, int e, unsigned bx, unsigned by,
                                                       unsigned bz) {
     const TileCoords tc = tile_coords_of<Cfg::kRaster, Cfg::kClusterN>(bx, by);
-    const int kb_all = static_cast<int>(p.k) / kKBlock;
-    const int split = Cfg::kSplitK;
-    const int kb_begin = static_cast<int>((static_cast<int64_t>(kb_all) * static_cast<int>(bz)) / split);
-    const int kb_end = static_cast<int>((static_cast<int64_t>(kb_all) * (static_cast<int>(bz) + 1)) / split);
-    const int kbs = kb_end - kb_begin < kStages ? kb_end - kb_begin : kStages;
+    const KRange kr = split_k_range(p, static_cast<int>(bz), Cfg::kSplitK);
+    const int kb_begin = kr.begin;
+    const int kbs = kr.end - kr.begin < kStages ? kr.end - kr.begin : kStages;
     if (kbs <= 0) return;
     const Swap16Layout<kTiles> lay(p, e);
     const int g = lay.group();
@@ -137,11 +135,8 @@ struct WarpRingPrefetch {
       if (lane == 0) e = FirstStagePrefetch<Cfg>::guess_expert(p, tc.m_tile);
       e = __shfl_sync(0xffffffffu, e, 0);
     }
-    const int kb_all = static_cast<int>(p.k) / kKBlock;
-    const int z = Cfg::kSplitK > 1 ? static_cast<int>(blockIdx.z) : 0;  // MoeKernel's split of K
-    const int kb_begin = static_cast<int>((static_cast<int64_t>(kb_all) * z) / Cfg::kSplitK);
-    const int kb_end = static_cast<int>((static_cast<int64_t>(kb_all) * (z + 1)) / Cfg::kSplitK);
-    Mainloop::early_copies(p, e, tc.n_block * Cfg::kNTilesPerCta, kb_begin, kb_end);
+    const KRange kr = split_k_range(p, Cfg::kSplitK > 1 ? static_cast<int>(blockIdx.z) : 0, Cfg::kSplitK);
+    Mainloop::early_copies(p, e, tc.n_block * Cfg::kNTilesPerCta, kr.begin, kr.end);
   }
 };
 
