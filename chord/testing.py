@@ -166,3 +166,29 @@ def profile_rule_schedules(ns: tuple = (512,), family: str | None = None, profil
                     s = _fit_schedule(fam, rule.schedule, n)
                     out.setdefault(s.id, s)
     return sorted(out.values(), key=lambda s: s.id)
+
+
+#: the schedules `direct_one_token_profile` puts on TP8 one token (gate_up, down)
+DIRECT_ONE_TOKEN = ("idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n128k64-w4-s2-c1-dr1")
+
+
+def direct_one_token_profile(path) -> str:
+    """Writes to `path` a copy of the H200 profile whose two TP8 one-token rules (down's, then
+    gate_up's) are the direct loop's candidates DIRECT_ONE_TOKEN, and returns the path as a string
+    (a profile file for `chord bench` / `chord stamps` / chord.lab.stamps.run_point)."""
+    import json
+    from pathlib import Path
+
+    from chord import _resources
+
+    prof = json.loads(Path(_resources.profiles_dir(), "h200.json").read_text())
+    rules = prof["deployments"]["tp8"]["families"]["indexed"]
+    if rules[0].get("k_max") != 256 or "k_max" in rules[1]:
+        raise ValueError("direct_one_token_profile: the H200 profile's TP8 rules no longer start with down's and "
+                         "gate_up's one-token rules")
+    common = {"max_rows_per_expert": rules[0]["max_rows_per_expert"], "block_m": 8, "ctas_per_sm": 1, "direct": 1,
+              "why": "chord.testing.direct_one_token_profile: the direct loop's TP8 one-token candidates"}
+    rules[0] = dict(common, block_n=128, warps=4, stages=2, k_max=256)
+    rules[1] = dict(common, block_n=32, warps=8, stages=8)
+    Path(path).write_text(json.dumps(prof))
+    return str(path)

@@ -136,27 +136,16 @@ def test_a_profile_rule_keeps_the_direct_warps(tmp_path):
     """A profile rule with direct=1 keeps its warps when fitted to a GEMM's N (the warps split K, so
     8 warps on a 32-feature block are legal), and the bench launches what the rule says: a copy of
     the H200 profile whose two TP8 one-token rules are the direct candidates."""
-    import json
-    from pathlib import Path
-
-    from chord import _resources
     from chord.lab.bench import runner
     from chord.lab.bench.suite import load_suite
     from chord.profiles import _fit_schedule
+    from chord.testing import DIRECT_ONE_TOKEN, direct_one_token_profile
 
     assert _fit_schedule("indexed", {"block_m": 8, "block_n": 32, "warps": 8, "stages": 8, "direct": 1}, 512).id == \
         "idx-m8n32k64-w8-s8-c1-dr1"
     assert _fit_schedule("indexed", {"block_m": 8, "block_n": 128, "warps": 8, "stages": 3, "direct": 1}, 7232).id == \
         "idx-m8n64k64-w8-s3-c1-dr1"  # block_n halves until it divides N; the warps stay
-    prof = json.loads(Path(_resources.profiles_dir(), "h200.json").read_text())
-    rules = prof["deployments"]["tp8"]["families"]["indexed"]
-    assert rules[0].get("k_max") == 256 and "k_max" not in rules[1]  # down's one-token rule, then gate_up's
-    common = {"max_rows_per_expert": rules[0]["max_rows_per_expert"], "block_m": 8, "ctas_per_sm": 1, "direct": 1,
-              "why": "tests/test_direct.py"}
-    rules[0] = dict(common, block_n=128, warps=4, stages=2, k_max=256)
-    rules[1] = dict(common, block_n=32, warps=8, stages=8)
-    path = tmp_path / "h200-direct.json"
-    path.write_text(json.dumps(prof))
+    path = direct_one_token_profile(tmp_path / "h200-direct.json")
     sc = load_suite().scenario("tp8-m1")
-    got = runner.scenario_schedules("indexed", sc, runner.ChordAPI.profile(str(path), sc))
-    assert [s.id for s in got] == ["idx-m8n32k64-w8-s8-c1-dr1", "idx-m8n128k64-w4-s2-c1-dr1"]
+    got = runner.scenario_schedules("indexed", sc, runner.ChordAPI.profile(path, sc))
+    assert tuple(s.id for s in got) == DIRECT_ONE_TOKEN

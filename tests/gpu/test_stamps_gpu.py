@@ -11,12 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import json
-from pathlib import Path
-
-from chord import _resources
 from chord.lab import stamps as S
 from chord.schedule import Schedule
+from chord.testing import DIRECT_ONE_TOKEN, direct_one_token_profile
 
 pytestmark = pytest.mark.gpu
 
@@ -34,17 +31,8 @@ def test_stamped_direct_pair_at_one_token(tmp_path):
     """The direct loop (warp-private rings) at TP8 one token, through a copy of the profile whose two
     one-token rules are the direct candidates: the same checks (its first K block is stamped after
     each warp's first block, its epilogue after the partials meet)."""
-    prof = json.loads(Path(_resources.profiles_dir(), "h200.json").read_text())
-    rules = prof["deployments"]["tp8"]["families"]["indexed"]
-    assert rules[0].get("k_max") == 256 and "k_max" not in rules[1]  # down's one-token rule, then gate_up's
-    common = {"max_rows_per_expert": rules[0]["max_rows_per_expert"], "block_m": 8, "ctas_per_sm": 1, "direct": 1,
-              "why": "tests/gpu/test_stamps_gpu.py: the direct candidates"}
-    rules[0] = dict(common, block_n=128, warps=4, stages=2, k_max=256)
-    rules[1] = dict(common, block_n=32, warps=8, stages=8)
-    path = tmp_path / "h200-direct.json"
-    path.write_text(json.dumps(prof))
-    res = S.run_point("tp8-m1", "indexed", reps=2, profile_file=str(path))
-    assert res["schedules"] == {"gate_up": "idx-m8n32k64-w8-s8-c1-dr1", "down": "idx-m8n128k64-w4-s2-c1-dr1"}
+    res = S.run_point("tp8-m1", "indexed", reps=2, profile_file=direct_one_token_profile(tmp_path / "h200-direct.json"))
+    assert (res["schedules"]["gate_up"], res["schedules"]["down"]) == DIRECT_ONE_TOKEN
     _check_point(res, "tp8-m1 indexed, direct")
 
 
